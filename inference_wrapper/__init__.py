@@ -1,0 +1,1 @@
+"""The audited inference layer: model loading, tokenization contract, fingerprints."""

@@ -1,0 +1,69 @@
+"""One canonical byte form for JSON values: RFC 8785 (JSON Canonicalization Scheme).
+
+Hashes are always taken over these bytes; the bytes are stored verbatim and verified as
+they are, so a JSON column elsewhere is only a copy for queries.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import rfc8785
+
+from ledger.errors import CanonicalFormError
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """RFC 8785 bytes of ``value``; refuses NaN, infinities and non-JSON types."""
+    _reject_non_finite(value)
+    try:
+        return rfc8785.dumps(value)
+    except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
+        raise CanonicalFormError(f"cannot canonicalize: {exc}") from exc
+
+
+def _reject_non_finite(value: Any) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise CanonicalFormError(f"non-finite number {value!r} has no JSON form")
+    if isinstance(value, dict):
+        for item in value.values():
+            _reject_non_finite(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _reject_non_finite(item)
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise CanonicalFormError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+def _no_constant(name: str) -> Any:
+    raise CanonicalFormError(f"{name} is not JSON")
+
+
+def parse_canonical(data: bytes) -> Any:
+    """Parse bytes that must already be canonical; anything else is refused.
+
+    Duplicate keys, NaN/Infinity, invalid UTF-8 and any non-canonical spelling
+    (whitespace, key order, number form) raise ``CanonicalFormError``.
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CanonicalFormError(f"not UTF-8: {exc}") from exc
+    try:
+        value = json.loads(
+            text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant
+        )
+    except json.JSONDecodeError as exc:
+        raise CanonicalFormError(f"not JSON: {exc}") from exc
+    if canonical_bytes(value) != data:
+        raise CanonicalFormError("bytes are JSON but not in RFC 8785 canonical form")
+    return value

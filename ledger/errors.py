@@ -1,0 +1,115 @@
+"""Errors of the audit ledger, grouped by who is at fault.
+
+- ``VerificationError``: the evidence does not hold up (someone tampered, or lies).
+- ``BackendError``: a store, server or anchor could not be reached or refused to work.
+- ``InvalidInputError``: the caller sent something malformed; it names the field.
+
+Every error carries its facts as attributes; messages are for people.
+"""
+
+from __future__ import annotations
+
+
+class LedgerError(Exception):
+    """Root of every error this project raises on purpose."""
+
+    def diagnostics(self) -> str:
+        """A one-paragraph explanation for a person reading a report."""
+        return f"{type(self).__name__}: {self}"
+
+
+class InvalidInputError(LedgerError, ValueError):
+    """Input rejected before anything was done; ``field`` names the offending part."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.reason = message
+
+
+# --- verification failures -------------------------------------------------------------
+
+
+class VerificationError(LedgerError):
+    """The evidence does not prove what it claims."""
+
+
+class RootMismatchError(VerificationError):
+    """A proof led to a different root than the one it was checked against."""
+
+    def __init__(self, expected: bytes, calculated: bytes) -> None:
+        super().__init__(
+            f"root mismatch: expected {expected.hex()}, calculated {calculated.hex()}"
+        )
+        self.expected = expected
+        self.calculated = calculated
+
+
+class MalformedProofError(VerificationError):
+    """A proof has the wrong number of hashes or a hash of the wrong length."""
+
+
+class OutOfRangeError(VerificationError):
+    """An index or tree size is outside what the proof can speak about."""
+
+
+class CanonicalFormError(VerificationError, InvalidInputError):
+    """Bytes that are not the canonical (RFC 8785) form of a JSON value."""
+
+    def __init__(self, message: str, field: str = "record") -> None:
+        InvalidInputError.__init__(self, field, message)
+
+
+class SignatureError(VerificationError):
+    """A signed note has no valid signature by the expected key."""
+
+
+class CheckpointFormatError(VerificationError):
+    """A checkpoint note does not follow the C2SP tlog-checkpoint format."""
+
+
+class RollbackError(VerificationError):
+    """A checkpoint is smaller than one already trusted."""
+
+    def __init__(self, trusted_size: int, offered_size: int) -> None:
+        super().__init__(
+            f"rollback: trusted tree size {trusted_size}, offered {offered_size}"
+        )
+        self.trusted_size = trusted_size
+        self.offered_size = offered_size
+
+
+class ForkError(VerificationError):
+    """Two checkpoints of the same size with different roots: a split view."""
+
+    def __init__(self, size: int, trusted_root: bytes, offered_root: bytes) -> None:
+        super().__init__(
+            f"fork at tree size {size}: trusted root {trusted_root.hex()}, "
+            f"offered {offered_root.hex()}"
+        )
+        self.size = size
+        self.trusted_root = trusted_root
+        self.offered_root = offered_root
+
+
+class ModelIntegrityError(VerificationError):
+    """Model files do not match the pinned manifest; ``path`` names the first culprit."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+
+
+# --- backend failures ------------------------------------------------------------------
+
+
+class BackendError(LedgerError):
+    """A store, server or anchor failed to do its part."""
+
+
+class BackendUnavailableError(BackendError):
+    """A backend could not be reached at all."""
+
+
+class DuplicateRecordError(BackendError):
+    """A different record already holds this record id."""

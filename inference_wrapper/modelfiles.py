@@ -27,11 +27,13 @@ def file_sha256(path: Path) -> str:
 
 
 def model_files(directory: Path) -> list[str]:
-    return sorted(
-        p.relative_to(directory).as_posix()
-        for p in directory.rglob("*")
-        if p.is_file() and p.name not in IGNORED_NAMES and ".cache" not in p.parts
-    )
+    names = []
+    for path in directory.rglob("*"):
+        relative = path.relative_to(directory)
+        # Hub-style ".cache" folders hold download bookkeeping, not model content.
+        if path.is_file() and path.name not in IGNORED_NAMES and ".cache" not in relative.parts:
+            names.append(relative.as_posix())
+    return sorted(names)
 
 
 def build_manifest(directory: Path) -> dict[str, Any]:

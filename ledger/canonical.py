@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import rfc8785
@@ -67,3 +68,33 @@ def parse_canonical(data: bytes) -> Any:
     if canonical_bytes(value) != data:
         raise CanonicalFormError("bytes are JSON but not in RFC 8785 canonical form")
     return value
+
+
+@dataclass(frozen=True)
+class Canonical:
+    """A JSON value whose canonical bytes were computed once, for reuse in many objects.
+
+    The hardware and software sections are the same in every record of a process;
+    splicing their bytes into each record is exact because RFC 8785 serializes an
+    object member by member in key order.
+    """
+
+    value: Any
+    data: bytes
+
+    @classmethod
+    def of(cls, value: Any) -> Canonical:
+        return cls(value, canonical_bytes(value))
+
+
+def _utf16_key(item: tuple[str, Any]) -> bytes:
+    return item[0].encode("utf-16-be")  # RFC 8785 3.2.3: sort by UTF-16 code units
+
+
+def canonical_object(members: dict[str, Any]) -> bytes:
+    """Canonical bytes of an object whose member values may be ``Canonical``."""
+    parts = []
+    for key, value in sorted(members.items(), key=_utf16_key):
+        encoded = value.data if isinstance(value, Canonical) else canonical_bytes(value)
+        parts.append(canonical_bytes(key) + b":" + encoded)
+    return b"{" + b",".join(parts) + b"}"

@@ -201,7 +201,9 @@ class NoteVerifier:
         parsed = SignedNote.parse(note)
         named = [s for s in parsed.signatures if s[0] == self.name and s[1] == self.key_hash]
         if not named:
-            raise SignatureError(f"note carries no signature by key {self.name}+{self.key_hash.hex()}")
+            raise SignatureError(
+                f"note carries no signature by key {self.name}+{self.key_hash.hex()}"
+            )
         for _, _, signature in named:
             try:
                 self._key.verify(signature, parsed.body)

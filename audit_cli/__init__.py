@@ -1,0 +1,1 @@
+"""``audit-ledger``: the command line, the composition root for people."""

@@ -1,0 +1,44 @@
+"""Print this machine's hardware and software fingerprints."""
+
+from __future__ import annotations
+
+import argparse
+
+from audit_cli.options import print_json
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--torch-threads", type=int, default=1)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    import transformers
+
+    from inference_wrapper.fingerprint.hardware import capture_hardware
+    from inference_wrapper.fingerprint.software import (
+        dependencies_digest,
+        python_info,
+        service_revision,
+    )
+
+    torch.set_num_threads(args.torch_threads)
+    report = {
+        "hardware": capture_hardware().to_dict(),
+        "software": {
+            "python": python_info(),
+            "torch": {"version": torch.__version__, "git_version": torch.version.git_version,
+                      "cuda_build": torch.version.cuda},
+            "transformers": {"version": transformers.__version__},
+            "service": service_revision(),
+            "dependencies_digest": dependencies_digest(),
+        },
+    }
+    if args.json:
+        print_json(report)
+        return 0
+    for section, values in report.items():
+        print(f"[{section}]")
+        for key, value in values.items():
+            print(f"  {key:22} {value}")
+    return 0

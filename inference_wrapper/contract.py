@@ -1,0 +1,75 @@
+"""The tokenization contract: how text becomes tensors, pinned and checked.
+
+A record names the contract it was tokenized under, so a replay or an auditor knows
+exactly which tokenizer, padding, truncation and length rules applied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from inference_wrapper.modelfiles import file_sha256
+from ledger.canonical import canonical_bytes
+from ledger.digest import sha256_digest
+from ledger.errors import ModelIntegrityError
+
+SCHEMA = "tokenization-contract/v1"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja")
+
+
+def tokenizer_digest(model_dir: Path) -> str:
+    """Digest of the files that define tokenization (order-independent manifest)."""
+    files = {n: file_sha256(model_dir / n) for n in TOKENIZER_FILES if (model_dir / n).is_file()}
+    if "tokenizer.json" not in files:
+        raise ModelIntegrityError("tokenizer.json", "a fast tokenizer file is required")
+    return sha256_digest(canonical_bytes({"schema": "tokenizer-files/v1", "files": files}))
+
+
+@dataclass(frozen=True)
+class TokenizationContract:
+    tokenizer_digest: str
+    padding_side: str = "left"  # decoder-only generation continues from the right edge
+    truncation_side: str = "left"  # keep the end of an over-long prompt, nearest the answer
+    max_length: int = 1024
+    pad_to_multiple_of: int = 8
+    add_special_tokens: bool = False
+    schema: str = SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def digest(self) -> str:
+        return sha256_digest(canonical_bytes(self.to_dict()))
+
+    def apply(self, tokenizer: Any) -> None:
+        """Configure a tokenizer to follow this contract."""
+        if self.padding_side not in ("left", "right") or self.truncation_side not in (
+            "left", "right",
+        ):
+            raise ValueError("padding_side and truncation_side are 'left' or 'right'")
+        tokenizer.padding_side = self.padding_side
+        tokenizer.truncation_side = self.truncation_side
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+
+    def encode(self, tokenizer: Any, texts: list[str]) -> tuple[Any, list[bool]]:
+        """Tokenize a batch under the contract, in one tokenizer pass.
+
+        Returns a BatchEncoding of torch tensors and, per row, whether it was truncated.
+        """
+        ids = tokenizer(texts, add_special_tokens=self.add_special_tokens)["input_ids"]
+        truncated = [len(row) > self.max_length for row in ids]
+        if self.truncation_side == "left":
+            ids = [row[-self.max_length :] for row in ids]
+        else:
+            ids = [row[: self.max_length] for row in ids]
+        encoded = tokenizer.pad(
+            {"input_ids": ids},
+            padding=True,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            return_tensors="pt",
+        )
+        return encoded, truncated

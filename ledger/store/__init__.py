@@ -1,0 +1,1 @@
+"""Storage edge of the ledger: SQL journal, tree state, checkpoints and the auditors' mirror."""

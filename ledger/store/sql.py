@@ -1,0 +1,499 @@
+"""The SQL ledger: a group-committing journal over SQLite or PostgreSQL.
+
+One writer thread per process drains a queue of pending appends into one transaction
+(group commit). Inside that transaction the sequencer row ``tree_state`` is locked
+(``BEGIN IMMEDIATE`` on SQLite, ``SELECT ... FOR UPDATE`` on PostgreSQL), so appends from
+several processes sharing one database are numbered with no gap and no duplicate. Each
+append's future resolves only after its transaction has committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    Engine,
+    create_engine,
+    event,
+    func,
+    insert,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+
+from ledger import merkle
+from ledger.checkpoint import Checkpoint, NoteSigner
+from ledger.errors import (
+    BackendError,
+    BackendUnavailableError,
+    DuplicateRecordError,
+    InvalidInputError,
+)
+from ledger.record import AuditRecord, mirror_columns
+from ledger.store.schema import checkpoints, records, tree_nodes, tree_state
+
+log = logging.getLogger(__name__)
+
+MAX_GROUP = 4096  # appends per transaction at most
+QUERY_FILTERS = ("tenant", "model_digest", "accelerator_model", "driver_version",
+                 "service_revision")
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What an acknowledged append returns: enough to ask for a proof later."""
+
+    record_id: str
+    leaf_index: int
+    leaf_hash: bytes
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    size: int
+    root: bytes
+    note: bytes
+    sealed_at: datetime
+
+
+@dataclass(frozen=True)
+class RecordRow:
+    leaf_index: int
+    record_id: str
+    created_at: datetime
+    tenant: str
+    columns: dict[str, Any]
+    canonical: bytes
+    checkpoint_size: int | None
+    anchor_ref: str | None
+
+
+def parse_timestamp(text: str) -> datetime:
+    """RFC 3339 text to a naive UTC datetime (the mirror stores UTC without a zone)."""
+    moment = datetime.fromisoformat(text)
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC).replace(tzinfo=None)
+    return moment
+
+
+def make_engine(url: str, *, writer: bool = False) -> Engine:
+    """An engine with the pragmas a durable journal needs."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            # FULL: a committed append survives power loss, not only a process crash.
+            cursor.execute("PRAGMA synchronous=FULL")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(connection: Connection) -> None:
+            # The writer takes the write lock up front: that is SQLite's sequencer.
+            connection.exec_driver_sql("BEGIN IMMEDIATE" if writer else "BEGIN")
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+
+
+class _Pending:
+    __slots__ = ("record", "future")
+
+    def __init__(self, record: AuditRecord) -> None:
+        self.record = record
+        self.future: Future[Receipt] = Future()
+
+
+class SqlLedger:
+    """Journal, tree, checkpoints and mirror in one SQL database."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.is_postgres = url.startswith("postgresql")
+        self.engine = make_engine(url)
+        self._writer_engine = make_engine(url, writer=True) if not self.is_postgres else self.engine
+        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._compact: merkle.CompactRange | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> SqlLedger:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._writer_loop, name="ledger-writer", daemon=True
+                )
+                self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Commit everything queued so far, then stop the writer."""
+        with self._lock:
+            self._closed = True
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+        self.engine.dispose()
+        if self._writer_engine is not self.engine:
+            self._writer_engine.dispose()
+
+    def __enter__(self) -> SqlLedger:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- appending ------------------------------------------------------------------
+
+    def submit(self, record: AuditRecord) -> Future[Receipt]:
+        """Queue an append; the future resolves once it is durably committed."""
+        if self._closed:
+            raise BackendUnavailableError("ledger is closed")
+        if self._thread is None:
+            self.start()
+        pending = _Pending(record)
+        self._queue.put(pending)
+        return pending.future
+
+    def append(self, record: AuditRecord, timeout: float | None = 60.0) -> Receipt:
+        return self.submit(record).result(timeout)
+
+    async def append_async(self, record: AuditRecord) -> Receipt:
+        return await asyncio.wrap_future(self.submit(record))
+
+    def _writer_loop(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is None:
+                break
+            group = [first]
+            while len(group) < MAX_GROUP:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stopping = True
+                    break
+                group.append(item)
+            self._commit_group(group)
+
+    def _commit_group(self, group: list[_Pending]) -> None:
+        try:
+            receipts = self._write(group)
+        except Exception as exc:  # every waiter must hear about the failure
+            self._compact = None  # our view of the tree may be stale now
+            error: Exception
+            if isinstance(exc, BackendError):
+                error = exc
+            elif isinstance(exc, OperationalError):
+                error = BackendUnavailableError(f"ledger database unavailable: {exc}")
+            else:
+                error = BackendError(f"append failed: {exc}")
+            error.__cause__ = exc
+            for pending in group:
+                if not pending.future.done():
+                    pending.future.set_exception(error)
+            return
+        for pending, receipt in zip(group, receipts, strict=True):
+            if isinstance(receipt, Exception):
+                pending.future.set_exception(receipt)
+            else:
+                pending.future.set_result(receipt)
+
+    def _write(self, group: list[_Pending]) -> list[Receipt | Exception]:
+        with self._writer_engine.begin() as conn:
+            state = select(tree_state.c.size).where(tree_state.c.id == 1)
+            if self.is_postgres:
+                state = state.with_for_update()
+            size = conn.execute(state).scalar_one()
+            compact = self._compact
+            if compact is None or compact.size != size:
+                # Another process appended, or we just started: reload O(log n) nodes.
+                compact = merkle.CompactRange.load(size, lambda keys: _read_nodes(conn, keys))
+
+            ids = list({p.record.record_id for p in group})
+            existing = {
+                row.record_id: row
+                for row in conn.execute(
+                    select(records.c.record_id, records.c.leaf_index, records.c.canonical)
+                    .where(records.c.record_id.in_(ids))
+                )
+            }
+            results: list[Receipt | Exception] = []
+            assigned: dict[str, Receipt] = {}
+            record_rows: list[dict[str, Any]] = []
+            node_rows: list[dict[str, Any]] = []
+            for pending in group:
+                record = pending.record
+                earlier = existing.get(record.record_id)
+                if earlier is not None:
+                    results.append(_idempotent_receipt(record, earlier.leaf_index,
+                                                       earlier.canonical))
+                    continue
+                if record.record_id in assigned:
+                    first = assigned[record.record_id]
+                    results.append(first if first.leaf_hash == record.leaf_hash else
+                                   DuplicateRecordError(f"record id {record.record_id} is "
+                                                        "already used by another record"))
+                    continue
+                index = compact.size
+                for (level, idx), node_hash in compact.append(record.leaf_hash):
+                    node_rows.append({"level": level, "idx": idx, "hash": node_hash})
+                columns = mirror_columns(record)
+                columns["created_at"] = parse_timestamp(columns["created_at"])
+                record_rows.append({**columns, "leaf_index": index,
+                                    "canonical": record.canonical})
+                receipt = Receipt(record.record_id, index, record.leaf_hash)
+                assigned[record.record_id] = receipt
+                results.append(receipt)
+            if record_rows:
+                conn.execute(insert(tree_nodes), node_rows)
+                conn.execute(insert(records), record_rows)
+                conn.execute(
+                    update(tree_state).where(tree_state.c.id == 1)
+                    .values(size=compact.size, root=compact.root())
+                )
+        self._compact = compact
+        return results
+
+    # --- reading the tree -----------------------------------------------------------
+
+    def tree_head(self) -> tuple[int, bytes]:
+        """The committed tree size and root (not necessarily sealed in a checkpoint)."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(tree_state.c.size, tree_state.c.root)).one()
+        return int(row.size), bytes(row.root)
+
+    def read_nodes(self, keys: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
+        with self.engine.connect() as conn:
+            return _read_nodes(conn, keys)
+
+    def root(self, size: int) -> bytes:
+        self._check_size(size)
+        return merkle.tree_root(size, self.read_nodes)
+
+    def leaf_hash(self, index: int) -> bytes:
+        found = self.read_nodes([(0, index)])
+        if (0, index) not in found:
+            raise InvalidInputError("leaf_index", f"no leaf {index} in the log")
+        return found[(0, index)]
+
+    def inclusion_proof(self, index: int, size: int) -> list[bytes]:
+        self._check_size(size)
+        if not 0 <= index < size:
+            raise InvalidInputError("leaf_index", f"{index} is not below tree size {size}")
+        return merkle.inclusion_proof(index, size, self.read_nodes)
+
+    def consistency_proof(self, size1: int, size2: int) -> list[bytes]:
+        self._check_size(size2)
+        if not 0 <= size1 <= size2:
+            raise InvalidInputError("from", f"{size1} must be between 0 and {size2}")
+        return merkle.consistency_proof(size1, size2, self.read_nodes)
+
+    def _check_size(self, size: int) -> None:
+        current, _ = self.tree_head()
+        if not 0 <= size <= current:
+            raise InvalidInputError("tree_size", f"{size} is beyond the log's size {current}")
+
+    # --- checkpoints ----------------------------------------------------------------
+
+    def seal_checkpoint(self, signer: NoteSigner, origin: str) -> StoredCheckpoint | None:
+        """Sign the current tree head if it grew since the last checkpoint.
+
+        Also marks the mirror rows the new checkpoint is the first to cover.
+        """
+        with self._writer_engine.begin() as conn:
+            head = select(tree_state.c.size, tree_state.c.root).where(tree_state.c.id == 1)
+            if self.is_postgres:
+                head = head.with_for_update()
+            size, root = conn.execute(head).one()
+            last = conn.execute(select(func.max(checkpoints.c.size))).scalar()
+            if last is not None and size <= last:
+                return None
+            note = signer.sign_checkpoint(Checkpoint(origin, int(size), bytes(root)))
+            sealed_at = datetime.now(UTC).replace(tzinfo=None)
+            conn.execute(insert(checkpoints).values(size=size, root=root, note=note,
+                                                    sealed_at=sealed_at))
+            conn.execute(
+                update(records)
+                .where(records.c.leaf_index >= (last or 0), records.c.leaf_index < size)
+                .values(checkpoint_size=size)
+            )
+        return StoredCheckpoint(int(size), bytes(root), note, sealed_at)
+
+    def latest_checkpoint(self) -> StoredCheckpoint | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(checkpoints).order_by(checkpoints.c.size.desc()).limit(1)
+            ).first()
+        return _checkpoint(row) if row else None
+
+    def checkpoint(self, size: int) -> StoredCheckpoint | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(checkpoints).where(checkpoints.c.size == size)).first()
+        return _checkpoint(row) if row else None
+
+    def iter_checkpoints(self) -> Iterator[StoredCheckpoint]:
+        with self.engine.connect() as conn:
+            for row in conn.execute(select(checkpoints).order_by(checkpoints.c.size)):
+                yield _checkpoint(row)
+
+    def set_anchor(self, size: int, anchor_ref: str, since: int = 0) -> int:
+        """Record where checkpoint ``size`` was anchored on every row it covers."""
+        with self._writer_engine.begin() as conn:
+            result = conn.execute(
+                update(records)
+                .where(records.c.leaf_index >= since, records.c.leaf_index < size)
+                .values(anchor_ref=anchor_ref)
+            )
+        return int(result.rowcount or 0)
+
+    # --- the mirror -----------------------------------------------------------------
+
+    def get_record(self, record_id: str) -> RecordRow | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(records).where(records.c.record_id == record_id)).first()
+        return _record_row(row) if row else None
+
+    def record_at(self, leaf_index: int) -> RecordRow | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(records).where(records.c.leaf_index == leaf_index)).first()
+        return _record_row(row) if row else None
+
+    def query(
+        self,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+        **filters: str | None,
+    ) -> tuple[list[RecordRow], str | None]:
+        """Rows matching every given filter, by leaf index; returns (rows, next cursor).
+
+        ``since`` is inclusive and ``until`` exclusive (UTC). Filters: tenant,
+        model_digest, accelerator_model, driver_version, service_revision.
+        """
+        unknown = set(filters) - set(QUERY_FILTERS)
+        if unknown:
+            raise InvalidInputError(sorted(unknown)[0], "is not a known filter")
+        if not 1 <= limit <= 10_000:
+            raise InvalidInputError("limit", "must be between 1 and 10000")
+        statement = select(records).order_by(records.c.leaf_index).limit(limit + 1)
+        if cursor is not None:
+            statement = statement.where(records.c.leaf_index > decode_cursor(cursor))
+        if since is not None:
+            statement = statement.where(records.c.created_at >= _naive_utc(since))
+        if until is not None:
+            statement = statement.where(records.c.created_at < _naive_utc(until))
+        for name, value in filters.items():
+            if value is not None:
+                statement = statement.where(records.c[name] == value)
+        with self.engine.connect() as conn:
+            rows = [_record_row(r) for r in conn.execute(statement)]
+        if len(rows) > limit:
+            return rows[:limit], encode_cursor(rows[limit - 1].leaf_index)
+        return rows, None
+
+    def iter_records(self, start: int = 0, end: int | None = None,
+                     batch: int = 5000) -> Iterator[RecordRow]:
+        """Every mirror row with ``start <= leaf_index < end``, in index order."""
+        position = start
+        while True:
+            statement = (select(records).where(records.c.leaf_index >= position)
+                         .order_by(records.c.leaf_index).limit(batch))
+            if end is not None:
+                statement = statement.where(records.c.leaf_index < end)
+            with self.engine.connect() as conn:
+                rows = [_record_row(r) for r in conn.execute(statement)]
+            yield from rows
+            if len(rows) < batch:
+                return
+            position = rows[-1].leaf_index + 1
+
+
+def _idempotent_receipt(record: AuditRecord, index: int, canonical: bytes) -> Receipt | Exception:
+    if bytes(canonical) != record.canonical:
+        return DuplicateRecordError(
+            f"record id {record.record_id} is already used by another record"
+        )
+    return Receipt(record.record_id, int(index), record.leaf_hash)
+
+
+def _read_nodes(conn: Connection, keys: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
+    if not keys:
+        return {}
+    found: dict[merkle.Node, bytes] = {}
+    for start in range(0, len(keys), 500):
+        chunk = list(keys[start : start + 500])
+        rows = conn.execute(
+            select(tree_nodes.c.level, tree_nodes.c.idx, tree_nodes.c.hash)
+            .where(tuple_(tree_nodes.c.level, tree_nodes.c.idx).in_(chunk))
+        )
+        for level, idx, node_hash in rows:
+            found[(int(level), int(idx))] = bytes(node_hash)
+    return found
+
+
+def _checkpoint(row: Any) -> StoredCheckpoint:
+    return StoredCheckpoint(int(row.size), bytes(row.root), bytes(row.note), row.sealed_at)
+
+
+def _record_row(row: Any) -> RecordRow:
+    mapping = dict(row._mapping)
+    return RecordRow(
+        leaf_index=int(mapping.pop("leaf_index")),
+        record_id=mapping.pop("record_id"),
+        created_at=mapping.pop("created_at"),
+        tenant=mapping.pop("tenant"),
+        canonical=bytes(mapping.pop("canonical")),
+        checkpoint_size=mapping.pop("checkpoint_size"),
+        anchor_ref=mapping.pop("anchor_ref"),
+        columns=mapping,
+    )
+
+
+def _naive_utc(moment: datetime) -> datetime:
+    if moment.tzinfo is not None:
+        return moment.astimezone(UTC).replace(tzinfo=None)
+    return moment
+
+
+def encode_cursor(leaf_index: int) -> str:
+    return base64.urlsafe_b64encode(f"after:{leaf_index}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> int:
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        prefix, _, number = text.partition(":")
+        if prefix != "after" or not number.isdigit():
+            raise ValueError(text)
+        return int(number)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInputError("cursor", "is not a cursor this service issued") from exc
+
+
+__all__ = ["Receipt", "RecordRow", "SqlLedger", "StoredCheckpoint", "SQLAlchemyError"]

@@ -34,7 +34,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         manifest = build_tiny_model(Path(tmp) / "tiny")
         generator = AuditedGenerator(load_model(Path(tmp) / "tiny", manifest=manifest))
-    tokenizer, model, contract = generator.loaded.tokenizer, generator.loaded.model, generator.contract
+    tokenizer, model = generator.loaded.tokenizer, generator.loaded.model
+    contract = generator.contract
     params = GenerationParams(max_new_tokens=args.new_tokens)
 
     def bare() -> str:

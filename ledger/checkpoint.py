@@ -181,7 +181,7 @@ class NoteVerifier:
 
     @classmethod
     def decode(cls, text: str) -> NoteVerifier:
-        parts = text.strip().split("+")
+        parts = text.strip().split("+", 2)
         if len(parts) != 3:
             raise ValueError("verifier key must be name+hash+key")
         name, hash_hex, key_b64 = parts

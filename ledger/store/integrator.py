@@ -37,7 +37,13 @@ class PostgresLease:
 
     def try_acquire(self) -> bool:
         if self._conn is not None:
-            return True
+            try:
+                self._conn.execute(text("SELECT 1"))  # the lock lives as long as this session
+                self._conn.commit()
+                return True
+            except Exception:
+                self._conn.invalidate()
+                self._conn = None
         conn = self._ledger.engine.connect()
         got = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"),
                                 {"k": INTEGRATOR_LOCK_KEY}).scalar())
@@ -50,7 +56,10 @@ class PostgresLease:
 
     def release(self) -> None:
         if self._conn is not None:
-            self._conn.close()  # closing the session releases the lock
+            # A pooled connection outlives close(): unlock explicitly.
+            self._conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": INTEGRATOR_LOCK_KEY})
+            self._conn.commit()
+            self._conn.close()
             self._conn = None
 
 

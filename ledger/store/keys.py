@@ -31,7 +31,7 @@ def encode_signer_key(name: str, private_key: Ed25519PrivateKey) -> str:
 def decode_signer_key(text: str) -> NoteSigner:
     if not text.startswith(PREFIX):
         raise ValueError("not a PRIVATE+KEY signer key")
-    name, hash_hex, blob = text[len(PREFIX):].strip().split("+")
+    name, hash_hex, blob = text[len(PREFIX):].strip().split("+", 2)
     raw = base64.b64decode(blob, validate=True)
     if raw[:1] != ED25519_ALG or len(raw) != 33:
         raise ValueError("only Ed25519 signer keys are supported")

@@ -133,6 +133,7 @@ class SqlLedger:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self.groups_committed = 0  # transactions the writer committed (group commit)
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -276,6 +277,7 @@ class SqlLedger:
                     .values(size=compact.size, root=compact.root())
                 )
         self._compact = compact
+        self.groups_committed += 1
         return results
 
     # --- reading the tree -----------------------------------------------------------

@@ -27,7 +27,6 @@ from sqlalchemy import (
     func,
     insert,
     select,
-    tuple_,
     update,
 )
 from sqlalchemy.engine import Connection
@@ -42,7 +41,7 @@ from ledger.errors import (
     InvalidInputError,
 )
 from ledger.record import AuditRecord, mirror_columns
-from ledger.store.schema import checkpoints, records, tree_nodes, tree_state
+from ledger.store.schema import checkpoints, records, tree_state
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +112,26 @@ def make_engine(url: str, *, writer: bool = False) -> Engine:
 
 
 class _Pending:
-    __slots__ = ("record", "future")
+    """One queued append, answered through a thread future or an asyncio future."""
 
-    def __init__(self, record: AuditRecord) -> None:
+    __slots__ = ("record", "future", "loop")
+
+    def __init__(self, record: AuditRecord, loop: asyncio.AbstractEventLoop | None = None):
         self.record = record
-        self.future: Future[Receipt] = Future()
+        self.loop = loop
+        self.future: Future[Receipt] | asyncio.Future[Receipt] = (
+            loop.create_future() if loop is not None else Future()
+        )
+
+
+def _settle(outcomes: list[tuple[asyncio.Future[Receipt], Receipt | BaseException]]) -> None:
+    for future, outcome in outcomes:
+        if future.done():  # the caller gave up waiting (cancelled)
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
 
 
 class SqlLedger:
@@ -134,6 +148,14 @@ class SqlLedger:
         self._lock = threading.Lock()
         self._closed = False
         self.groups_committed = 0  # transactions the writer committed (group commit)
+        mark = "?" if not self.is_postgres else "%s"
+        self._node_insert_sql = (
+            f"INSERT INTO tree_nodes (level, idx, hash) VALUES ({mark}, {mark}, {mark})"
+        )
+        self._record_insert_sql = (
+            f"INSERT INTO records ({', '.join(RECORD_INSERT_COLUMNS)}) "
+            f"VALUES ({', '.join([mark] * len(RECORD_INSERT_COLUMNS))})"
+        )
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -166,21 +188,28 @@ class SqlLedger:
 
     # --- appending ------------------------------------------------------------------
 
-    def submit(self, record: AuditRecord) -> Future[Receipt]:
-        """Queue an append; the future resolves once it is durably committed."""
+    def _enqueue(self, pending: _Pending) -> None:
         if self._closed:
             raise BackendUnavailableError("ledger is closed")
         if self._thread is None:
             self.start()
-        pending = _Pending(record)
         self._queue.put(pending)
+
+    def submit(self, record: AuditRecord) -> Future[Receipt]:
+        """Queue an append; the future resolves once it is durably committed."""
+        pending = _Pending(record)
+        self._enqueue(pending)
+        assert isinstance(pending.future, Future)
         return pending.future
 
     def append(self, record: AuditRecord, timeout: float | None = 60.0) -> Receipt:
         return self.submit(record).result(timeout)
 
     async def append_async(self, record: AuditRecord) -> Receipt:
-        return await asyncio.wrap_future(self.submit(record))
+        """Append from asyncio; a whole group's waiters are woken with one loop call."""
+        pending = _Pending(record, asyncio.get_running_loop())
+        self._enqueue(pending)
+        return await pending.future
 
     def _writer_loop(self) -> None:
         stopping = False
@@ -201,8 +230,9 @@ class SqlLedger:
             self._commit_group(group)
 
     def _commit_group(self, group: list[_Pending]) -> None:
+        outcomes: list[Receipt | BaseException]
         try:
-            receipts = self._write(group)
+            outcomes = list(self._write(group))
         except Exception as exc:  # every waiter must hear about the failure
             self._compact = None  # our view of the tree may be stale now
             error: Exception
@@ -213,15 +243,20 @@ class SqlLedger:
             else:
                 error = BackendError(f"append failed: {exc}")
             error.__cause__ = exc
-            for pending in group:
-                if not pending.future.done():
-                    pending.future.set_exception(error)
-            return
-        for pending, receipt in zip(group, receipts, strict=True):
-            if isinstance(receipt, Exception):
-                pending.future.set_exception(receipt)
+            outcomes = [error] * len(group)
+        by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+        for pending, outcome in zip(group, outcomes, strict=True):
+            if pending.loop is not None:
+                by_loop.setdefault(pending.loop, []).append((pending.future, outcome))
+            elif isinstance(outcome, BaseException):
+                pending.future.set_exception(outcome)
             else:
-                pending.future.set_result(receipt)
+                pending.future.set_result(outcome)
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle, items)
+            except RuntimeError:  # that event loop is closed: nobody is waiting any more
+                log.warning("dropped %d answers for a closed event loop", len(items))
 
     def _write(self, group: list[_Pending]) -> list[Receipt | Exception]:
         with self._writer_engine.begin() as conn:
@@ -244,8 +279,8 @@ class SqlLedger:
             }
             results: list[Receipt | Exception] = []
             assigned: dict[str, Receipt] = {}
-            record_rows: list[dict[str, Any]] = []
-            node_rows: list[dict[str, Any]] = []
+            record_rows: list[tuple[Any, ...]] = []
+            node_rows: list[tuple[int, int, bytes]] = []
             for pending in group:
                 record = pending.record
                 earlier = existing.get(record.record_id)
@@ -260,18 +295,23 @@ class SqlLedger:
                                                         "already used by another record"))
                     continue
                 index = compact.size
-                for (level, idx), node_hash in compact.append(record.leaf_hash):
-                    node_rows.append({"level": level, "idx": idx, "hash": node_hash})
+                node_rows.extend((level, idx, node_hash) for (level, idx), node_hash
+                                 in compact.append(record.leaf_hash))
                 columns = mirror_columns(record)
-                columns["created_at"] = parse_timestamp(columns["created_at"])
-                record_rows.append({**columns, "leaf_index": index,
-                                    "canonical": record.canonical})
+                created = parse_timestamp(columns["created_at"])
+                # SQLite keeps DATETIME as text in SQLAlchemy's own format.
+                columns["created_at"] = created if self.is_postgres else _sqlite_datetime(created)
+                columns["leaf_index"] = index
+                columns["canonical"] = record.canonical
+                record_rows.append(tuple(columns[c] for c in RECORD_INSERT_COLUMNS))
                 receipt = Receipt(record.record_id, index, record.leaf_hash)
                 assigned[record.record_id] = receipt
                 results.append(receipt)
             if record_rows:
-                conn.execute(insert(tree_nodes), node_rows)
-                conn.execute(insert(records), record_rows)
+                # Plain executemany: node rows are ints and bytes on every driver, and
+                # SQLAlchemy's per-row parameter processing cost more than the insert.
+                conn.exec_driver_sql(self._node_insert_sql, node_rows)
+                conn.exec_driver_sql(self._record_insert_sql, record_rows)
                 conn.execute(
                     update(tree_state).where(tree_state.c.id == 1)
                     .values(size=compact.size, root=compact.root())
@@ -436,6 +476,17 @@ class SqlLedger:
             position = rows[-1].leaf_index + 1
 
 
+RECORD_INSERT_COLUMNS = (
+    "leaf_index", "record_id", "created_at", "tenant", "model_name", "model_digest",
+    "accelerator", "accelerator_model", "driver_version", "torch_version", "torch_commit",
+    "service_revision", "input_commitment", "output_commitment", "canonical",
+)
+
+
+def _sqlite_datetime(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
 def _idempotent_receipt(record: AuditRecord, index: int, canonical: bytes) -> Receipt | Exception:
     if bytes(canonical) != record.canonical:
         return DuplicateRecordError(
@@ -445,16 +496,28 @@ def _idempotent_receipt(record: AuditRecord, index: int, canonical: bytes) -> Re
 
 
 def _read_nodes(conn: Connection, keys: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
+    """Fetch perfect-subtree hashes by (level, index) in one statement per 64 levels.
+
+    Written as "(level = L AND idx IN (...)) OR ...", which SQLite and PostgreSQL both
+    answer from the primary key (a row-value IN list made SQLite scan the table), and as
+    plain SQL: building the expression with SQLAlchemy cost more than running it.
+    """
     if not keys:
         return {}
+    mark = "%s" if conn.dialect.name == "postgresql" else "?"
+    by_level: dict[int, list[int]] = {}
+    for level, idx in keys:
+        by_level.setdefault(level, []).append(idx)
+    levels = list(by_level.items())
     found: dict[merkle.Node, bytes] = {}
-    for start in range(0, len(keys), 500):
-        chunk = list(keys[start : start + 500])
-        rows = conn.execute(
-            select(tree_nodes.c.level, tree_nodes.c.idx, tree_nodes.c.hash)
-            .where(tuple_(tree_nodes.c.level, tree_nodes.c.idx).in_(chunk))
-        )
-        for level, idx, node_hash in rows:
+    for start in range(0, len(levels), 64):
+        clauses, params = [], []
+        for level, idxs in levels[start : start + 64]:
+            unique = sorted(set(idxs))
+            clauses.append(f"(level = {mark} AND idx IN ({', '.join([mark] * len(unique))}))")
+            params.extend([level, *unique])
+        sql = "SELECT level, idx, hash FROM tree_nodes WHERE " + " OR ".join(clauses)
+        for level, idx, node_hash in conn.exec_driver_sql(sql, tuple(params)):
             found[(int(level), int(idx))] = bytes(node_hash)
     return found
 

@@ -56,9 +56,10 @@ async def _drive(ledger: SqlLedger, batch: list[AuditRecord], writers: int) -> f
     return time.perf_counter() - start
 
 
-def bench_appends(url: str, batch: list[AuditRecord], writers: int) -> tuple[float, int]:
+def bench_appends(url: str, batch: list[AuditRecord], writers: int,
+                  synchronous: str = "FULL") -> tuple[float, int]:
     upgrade(url)
-    with SqlLedger(url) as ledger:
+    with SqlLedger(url, sqlite_synchronous=synchronous) as ledger:
         asyncio.run(_drive(ledger, batch[:500], writers))  # warm-up, not counted
         elapsed = asyncio.run(_drive(ledger, batch[500:], writers))
         return (len(batch) - 500) / elapsed, ledger.groups_committed
@@ -164,7 +165,7 @@ def bench_proofs(url: str, n: int, samples: int = 2000) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=20_000)
-    parser.add_argument("--writers", type=int, default=256)
+    parser.add_argument("--writers", type=int, default=1024)
     parser.add_argument("--per-record-baseline", type=int, default=2_000)
     parser.add_argument("--proof-entries", type=int, default=1_000_000)
     args = parser.parse_args()
@@ -175,6 +176,8 @@ def main() -> None:
         tmp = Path(tmp_name)
         sqlite_rate, sqlite_groups = bench_appends(f"sqlite:///{tmp / 'bench.db'}", batch,
                                                    args.writers)
+        normal_rate, normal_groups = bench_appends(f"sqlite:///{tmp / 'normal.db'}", batch,
+                                                   args.writers, synchronous="NORMAL")
         pg_url, drop = pg_database()
         try:
             pg_rate, pg_groups = bench_appends(pg_url, batch, args.writers)
@@ -183,6 +186,8 @@ def main() -> None:
         one, bulk = bench_pymerkle(tmp, batch, args.per_record_baseline)
         print(f"  audit-ledger SQLite  (synchronous=FULL) {sqlite_rate:10.0f} appends/s "
               f"({sqlite_groups} group commits)")
+        print(f"  audit-ledger SQLite  (synchronous=NORMAL) {normal_rate:8.0f} appends/s "
+              f"({normal_groups} group commits)")
         print(f"  audit-ledger PostgreSQL                {pg_rate:10.0f} appends/s "
               f"({pg_groups} group commits)")
         print(f"  pymerkle SqliteTree, commit per record {one:10.0f} appends/s")

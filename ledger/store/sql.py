@@ -87,8 +87,14 @@ def parse_timestamp(text: str) -> datetime:
     return moment
 
 
-def make_engine(url: str, *, writer: bool = False) -> Engine:
-    """An engine with the pragmas a durable journal needs."""
+def make_engine(url: str, *, writer: bool = False, sqlite_synchronous: str = "FULL") -> Engine:
+    """An engine with the pragmas a durable journal needs.
+
+    ``sqlite_synchronous``: FULL (default) makes each commit survive power loss; NORMAL
+    survives a process crash but may lose the last commits on power loss.
+    """
+    if sqlite_synchronous not in ("FULL", "NORMAL"):
+        raise ValueError("sqlite_synchronous is FULL or NORMAL")
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
@@ -97,8 +103,7 @@ def make_engine(url: str, *, writer: bool = False) -> Engine:
             dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
             cursor = dbapi_connection.cursor()
             cursor.execute("PRAGMA journal_mode=WAL")
-            # FULL: a committed append survives power loss, not only a process crash.
-            cursor.execute("PRAGMA synchronous=FULL")
+            cursor.execute(f"PRAGMA synchronous={sqlite_synchronous}")
             cursor.execute("PRAGMA busy_timeout=30000")
             cursor.close()
 
@@ -137,11 +142,14 @@ def _settle(outcomes: list[tuple[asyncio.Future[Receipt], Receipt | BaseExceptio
 class SqlLedger:
     """Journal, tree, checkpoints and mirror in one SQL database."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, sqlite_synchronous: str = "FULL") -> None:
         self.url = url
         self.is_postgres = url.startswith("postgresql")
         self.engine = make_engine(url)
-        self._writer_engine = make_engine(url, writer=True) if not self.is_postgres else self.engine
+        self._writer_engine = (
+            make_engine(url, writer=True, sqlite_synchronous=sqlite_synchronous)
+            if not self.is_postgres else self.engine
+        )
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._compact: merkle.CompactRange | None = None
         self._thread: threading.Thread | None = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,10 +104,15 @@ class AuditedGenerator:
     # --- the steps ------------------------------------------------------------------
 
     def prepare(
-        self, prompt: Any, params: GenerationParams | None = None, tenant: str = "local"
+        self, prompt: Any, params: GenerationParams | None = None, tenant: str = "local",
+        started: float | None = None,
     ) -> PreparedRequest:
-        """Validate everything before any model work; raises ``InvalidInputError``."""
-        start = _now_ms()
+        """Validate everything before any model work; raises ``InvalidInputError``.
+
+        ``started`` (``time.perf_counter()`` in ms) lets a server count its own body
+        parsing into the parse phase.
+        """
+        start = _now_ms() if started is None else started
         text = validate_prompt(prompt, self.limits)
         checked = (params or GenerationParams()).validate(self.limits)
         return PreparedRequest(text, checked, tenant, parse_ms=_now_ms() - start)
@@ -183,6 +189,7 @@ class AuditedGenerator:
         """Turn a batch's results into one record per request."""
         rows = len(batch.requests)
         padded_length = len(batch.input_ids[0])
+        batch_id = uuid.uuid4().hex  # lets an auditor regroup the records of one generate
         results = []
         for row, request in enumerate(batch.requests):
             mask = batch.attention_mask[row]
@@ -209,6 +216,7 @@ class AuditedGenerator:
                 finish_reason=batch.finish_reasons[row],
                 generation=batch.params.to_dict(),
                 batch={
+                    "id": batch_id,
                     "size": rows,
                     "row": row,
                     "padded_length": padded_length,

@@ -82,3 +82,14 @@ records = Table(
     Index("ix_records_service_revision", "service_revision"),
     Index("ix_records_checkpoint_size", "checkpoint_size"),
 )
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("key_id", String(32), primary_key=True),
+    Column("secret_hash", LargeBinary(32), nullable=False),  # SHA-256 of the secret
+    Column("tenant", String(128), nullable=False),
+    Column("role", String(16), nullable=False),  # client, auditor, admin
+    Column("created_at", DateTime, nullable=False),
+    Column("revoked_at", DateTime, nullable=True),
+)

@@ -217,6 +217,7 @@ class SqlLedger:
         """Append from asyncio; a whole group's waiters are woken with one loop call."""
         pending = _Pending(record, asyncio.get_running_loop())
         self._enqueue(pending)
+        assert isinstance(pending.future, asyncio.Future)
         return await pending.future
 
     def _writer_loop(self) -> None:

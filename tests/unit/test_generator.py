@@ -71,6 +71,7 @@ def _deterministic_view(record: dict[str, Any]) -> dict[str, Any]:
     record = {k: v for k, v in record.items() if k not in STRIP and k != "timings_ms"}
     data = dict(record["data"])
     data.pop("input_commitment"), data.pop("output_commitment")
+    data["batch"] = {k: v for k, v in data["batch"].items() if k != "id"}
     return record | {"data": data}
 
 

@@ -1,0 +1,59 @@
+"""Start the audited inference endpoint (aiohttp)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from audit_cli.options import add_model_options, load_from_options
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default=None)
+    parser.add_argument("--port", type=int, default=None)
+    parser.add_argument("--db", dest="database_url", default=None,
+                        help="ledger database URL (default: SQLite in ~/.cache/audit-ledger)")
+    parser.add_argument("--max-batch", type=int, default=None)
+    parser.add_argument("--max-wait-ms", type=float, default=None)
+    add_model_options(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from inference_wrapper.generator import AuditedGenerator
+    from inference_wrapper.server.app import create_app
+    from inference_wrapper.server.settings import Settings
+    from ledger.store.apikeys import ApiKeyStore
+    from ledger.store.migrate import upgrade
+    from ledger.store.sql import make_engine
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    settings = Settings.from_env(host=args.host, port=args.port,
+                                 database_url=args.database_url, max_batch=args.max_batch,
+                                 max_wait_ms=args.max_wait_ms)
+    if settings.database_url.startswith("sqlite:///"):
+        from pathlib import Path
+
+        Path(settings.database_url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.database_url)
+    engine = make_engine(settings.database_url)
+    keys = ApiKeyStore(engine)
+    if not keys.list():
+        token, key = keys.create("default", "client")
+        auditor_token, _ = keys.create("audit", "auditor")
+        base = f"http://{settings.host}:{settings.port}"
+        print(f"\nFirst API keys (shown once):\n  client  (tenant {key.tenant}): {token}\n"
+              f"  auditor (all tenants):      {auditor_token}\n")
+        print("Try:\n"
+              f"  curl -s {base}/v1/generate -H 'Authorization: Bearer {token}' \\\n"
+              "       -H 'Content-Type: application/json' \\\n"
+              "       -d '{\"prompt\": \"The capital of France is\", \"max_new_tokens\": 16}'\n")
+    engine.dispose()
+    generator = AuditedGenerator(load_from_options(args))
+    app = create_app(settings, generator)
+    print(f"serving {generator.loaded.name} ({generator.loaded.digest}) on "
+          f"http://{settings.host}:{settings.port}", flush=True)
+    web.run_app(app, host=settings.host, port=settings.port, print=None,
+                shutdown_timeout=settings.request_timeout_s)
+    return 0

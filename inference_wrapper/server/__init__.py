@@ -1,0 +1,1 @@
+"""The aiohttp endpoint: HTTP concerns only (routes, validation, problems, metrics)."""

@@ -1,0 +1,82 @@
+"""Prometheus metrics, one registry per app (no process-wide singletons)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+PHASES = ("parse", "queue_wait", "tokenize", "forward", "decode", "append")
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                   2.5, 5.0, 10.0, 30.0)
+
+
+class GpuCollector(Collector):
+    """NVML readings at scrape time: SM and memory-bandwidth utilisation, memory, power."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+        except Exception:  # no NVML library or no GPU: export nothing
+            return
+        try:
+            families = {
+                "sm": GaugeMetricFamily("audit_gpu_sm_utilization_ratio",
+                                        "SM utilisation (0-1)", labels=["gpu"]),
+                "bw": GaugeMetricFamily("audit_gpu_memory_bandwidth_utilization_ratio",
+                                        "memory bandwidth utilisation (0-1)", labels=["gpu"]),
+                "mem": GaugeMetricFamily("audit_gpu_memory_used_bytes", "GPU memory used",
+                                         labels=["gpu"]),
+                "power": GaugeMetricFamily("audit_gpu_power_watts", "power draw",
+                                           labels=["gpu"]),
+            }
+            for index in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
+                label = [str(index)]
+                families["sm"].add_metric(label, rates.gpu / 100.0)
+                families["bw"].add_metric(label, rates.memory / 100.0)
+                families["mem"].add_metric(label, pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+                families["power"].add_metric(label, pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3)
+            yield from families.values()
+        except Exception:
+            return
+        finally:
+            try:
+                pynvml.nvmlShutdown()
+            except Exception:
+                pass
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.phase = Histogram("audit_phase_seconds", "latency per request phase",
+                               ["phase"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.batch_size = Histogram("audit_batch_size", "requests per generate call",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+                                    registry=self.registry)
+        self.requests = Counter("audit_http_requests_total", "HTTP requests",
+                                ["route", "status"], registry=self.registry)
+        self.queue_depth = Gauge("audit_queue_depth", "requests waiting for a batch",
+                                 registry=self.registry)
+        self.checkpoint_lag = Gauge("audit_checkpoint_lag_entries",
+                                    "log entries not yet covered by a checkpoint",
+                                    registry=self.registry)
+        self.registry.register(GpuCollector())
+
+    def observe(self, name: str, value: float) -> None:
+        if name == "batch_size":
+            self.batch_size.observe(value)
+        else:
+            self.phase.labels(name).observe(value)
+
+    def bind(self, queue_depth: Callable[[], float], checkpoint_lag: Callable[[], float]) -> None:
+        self.queue_depth.set_function(queue_depth)
+        self.checkpoint_lag.set_function(checkpoint_lag)
+
+

@@ -1,0 +1,321 @@
+"""The endpoint over real HTTP on loopback, with the tiny model and a SQLite ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from inference_wrapper.server.app import KEYS, LEDGER, SETTINGS, SIGNER, create_app
+from inference_wrapper.server.routes import ROUTES, openapi_document
+from inference_wrapper.server.settings import Settings
+from ledger import merkle
+from ledger.checkpoint import NoteVerifier
+from ledger.digest import commitment_matches
+from ledger.errors import BackendUnavailableError
+
+Client = TestClient  # type: ignore[type-arg]
+MakeClient = Callable[..., Awaitable[Any]]
+
+
+@pytest.fixture()
+def settings(tmp_path: Path) -> Settings:
+    return Settings(database_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+                    log_key_path=tmp_path / "log.key", max_wait_ms=20.0,
+                    checkpoint_interval_s=0.1)
+
+
+@pytest.fixture()
+async def service(aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any) -> Any:
+    app = create_app(settings, tiny_generator)
+    client = await aiohttp_client(app)
+    keys = app[KEYS]
+    tokens = {
+        "a": keys.create("bank-a", "client")[0],
+        "b": keys.create("bank-b", "client")[0],
+        "auditor": keys.create("audit-firm", "auditor")[0],
+    }
+    return client, tokens
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def generate(client: Any, token: str, **body: Any) -> Any:
+    return await client.post("/v1/generate", json={"prompt": "Hello ledger", **body},
+                             headers=bearer(token))
+
+
+async def test_generate_answers_with_a_receipt_that_opens_its_record(service: Any) -> None:
+    client, tokens = service
+    response = await generate(client, tokens["a"], max_new_tokens=8)
+    assert response.status == 200
+    answer = await response.json()
+    assert response.headers["X-Audit-Record-Id"] == answer["record_id"]
+    assert response.headers["X-Audit-Leaf-Index"] == str(answer["leaf_index"])
+    record = await (await client.get(f"/v1/records/{answer['record_id']}",
+                                     headers=bearer(tokens["a"]))).json()
+    import base64
+
+    canonical = base64.b64decode(record["canonical_base64"])
+    assert merkle.hash_leaf(canonical).hex() == answer["leaf_hash"]
+    data = record["record"]["data"]
+    assert commitment_matches(data["input_commitment"], bytes.fromhex(answer["input_salt"]),
+                              "Hello ledger")
+    assert commitment_matches(data["output_commitment"], bytes.fromhex(answer["output_salt"]),
+                              answer["output"])
+    assert record["tenant"] == "bank-a"
+
+    proof = await (await client.get(f"/v1/records/{answer['record_id']}/proof",
+                                     headers=bearer(tokens["a"]))).json()
+    key = await (await client.get("/v1/log/public-key", headers=bearer(tokens["a"]))).json()
+    checkpoint = NoteVerifier.decode(key["verifier_key"]).open_checkpoint(
+        proof["checkpoint"].encode())
+    merkle.verify_inclusion(bytes.fromhex(answer["leaf_hash"]), answer["leaf_index"],
+                            checkpoint.size, [bytes.fromhex(h) for h in proof["inclusion_proof"]],
+                            checkpoint.root)
+
+
+async def test_no_key_is_401(service: Any) -> None:
+    client, _ = service
+    response = await client.post("/v1/generate", json={"prompt": "x"})
+    assert response.status == 401
+    assert response.content_type == "application/problem+json"
+    assert response.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+async def test_unknown_key_is_401(service: Any) -> None:
+    client, _ = service
+    response = await generate(client, "alk_0000000000000000_nope")
+    assert response.status == 401
+    assert "unknown or revoked" in (await response.json())["detail"]
+
+
+async def test_revoked_key_is_401(service: Any) -> None:
+    client, _ = service
+    keys = client.server.app[KEYS]
+    token, key = keys.create("bank-c", "client")
+    keys.revoke(key.key_id)
+    assert (await generate(client, token)).status == 401
+
+
+async def test_auditor_cannot_generate_403(service: Any) -> None:
+    client, tokens = service
+    response = await generate(client, tokens["auditor"])
+    assert response.status == 403
+    assert "auditor" in (await response.json())["detail"]
+
+
+async def test_client_cannot_see_another_tenants_record_404(service: Any) -> None:
+    client, tokens = service
+    answer = await (await generate(client, tokens["a"], max_new_tokens=2)).json()
+    other = await client.get(f"/v1/records/{answer['record_id']}", headers=bearer(tokens["b"]))
+    missing = await client.get("/v1/records/no-such-id", headers=bearer(tokens["b"]))
+    assert other.status == missing.status == 404
+    assert (await other.json())["detail"] == f"no record {answer['record_id']!r}"
+    assert (await client.get(f"/v1/records/{answer['record_id']}/proof",
+                             headers=bearer(tokens["b"]))).status == 404
+    seen = await client.get(f"/v1/records/{answer['record_id']}", headers=bearer(tokens["auditor"]))
+    assert seen.status == 200
+    listing = await (await client.get("/v1/records", headers=bearer(tokens["b"]))).json()
+    assert listing["records"] == []
+    forbidden = await client.get("/v1/records?tenant=bank-a", headers=bearer(tokens["b"]))
+    assert forbidden.status == 403
+
+
+BAD_INPUTS = [
+    ("invalid JSON", b'{"prompt": ', 400, "body", "not valid JSON"),
+    ("not an object", b'["prompt"]', 400, "body", "must be a JSON object"),
+    ("invalid UTF-8", b'{"prompt": "caf\xe9"}', 400, "body", "not valid UTF-8"),
+    ("NaN literal", b'{"prompt": "x", "temperature": NaN}', 400, "body", "NaN"),
+    ("duplicate key", b'{"prompt": "x", "prompt": "y"}', 400, "prompt", "duplicate"),
+    ("wrong type", b'{"prompt": 42}', 422, "prompt", "must be a string"),
+    ("wrong number type", b'{"prompt": "x", "max_new_tokens": "8"}', 422, "max_new_tokens",
+     "must be a integer"),
+    ("boolean as number", b'{"prompt": "x", "top_p": true}', 422, "top_p", "boolean"),
+    ("unknown field", b'{"prompt": "x", "colour": "red"}', 422, "colour", "unknown field"),
+    ("missing prompt", b'{"max_new_tokens": 3}', 422, "prompt", "is required"),
+    ("empty prompt", b'{"prompt": ""}', 422, "prompt", "must not be empty"),
+    ("oversize prompt", json.dumps({"prompt": "x" * 20000}).encode(), 422, "prompt",
+     "the limit is 16384"),
+    ("negative tokens", b'{"prompt": "x", "max_new_tokens": -1}', 422, "max_new_tokens",
+     "between 1 and 512"),
+    ("too many tokens", b'{"prompt": "x", "max_new_tokens": 100000}', 422, "max_new_tokens",
+     "between 1 and 512"),
+    ("temperature out of range", b'{"prompt": "x", "temperature": 7.5}', 422, "temperature",
+     "between"),
+    ("top_p zero", b'{"prompt": "x", "top_p": 0}', 422, "top_p", "greater than 0"),
+    ("negative seed", b'{"prompt": "x", "seed": -1}', 422, "seed", "between"),
+    ("oversize body", json.dumps({"prompt": "x" * 70000}).encode(), 413, "body", ""),
+]
+
+
+@pytest.mark.parametrize(("case", "raw", "status", "field", "detail"), BAD_INPUTS,
+                         ids=[c[0] for c in BAD_INPUTS])
+async def test_bad_input_gets_its_4xx_naming_the_field_and_writes_nothing(
+    service: Any, case: str, raw: bytes, status: int, field: str, detail: str
+) -> None:
+    client, tokens = service
+    ledger = client.server.app[LEDGER]
+    before = ledger.tree_head()[0]
+    response = await client.post("/v1/generate", data=raw, headers={
+        **bearer(tokens["a"]), "Content-Type": "application/json"})
+    assert response.status == status, await response.text()
+    assert response.content_type == "application/problem+json"
+    problem = await response.json()
+    assert problem["status"] == status and problem["field"] == field
+    assert detail in problem["detail"]
+    assert "output" not in problem
+    assert ledger.tree_head()[0] == before
+
+
+async def test_64_concurrent_requests_give_64_gap_free_records(service: Any) -> None:
+    client, tokens = service
+    prompts = [f"request {i} " + "x" * (i % 13) for i in range(64)]
+    responses = await asyncio.gather(*(
+        client.post("/v1/generate", json={"prompt": p, "max_new_tokens": 4},
+                    headers=bearer(tokens["a"])) for p in prompts))
+    answers = [await r.json() for r in responses]
+    assert [r.status for r in responses] == [200] * 64
+    assert sorted(a["leaf_index"] for a in answers) == list(range(64))
+    batches: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    ledger = client.server.app[LEDGER]
+    for answer in answers:
+        row = ledger.get_record(answer["record_id"])
+        assert row is not None
+        batch = json.loads(row.canonical)["data"]["batch"]
+        batches[batch["id"]].append(batch)
+    assert len(batches) < 64  # requests were batched
+    for members in batches.values():
+        assert sorted(m["row"] for m in members) == list(range(members[0]["size"]))
+        assert all(m["padded_length"] % 8 == 0 for m in members)
+
+
+async def test_failed_append_gives_5xx_and_no_output(service: Any,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    client, tokens = service
+
+    async def broken(record: Any) -> Any:
+        raise BackendUnavailableError("database is down")
+
+    monkeypatch.setattr(client.server.app[LEDGER], "append_async", broken)
+    response = await generate(client, tokens["a"], max_new_tokens=2)
+    assert response.status == 503
+    body = await response.json()
+    assert "output" not in body and "could not be committed" in body["detail"]
+
+
+async def test_full_queue_answers_503_with_retry_after(
+    aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any
+) -> None:
+    from dataclasses import replace
+
+    app = create_app(replace(settings, queue_limit=2, max_batch=1), tiny_generator)
+    client = await aiohttp_client(app)
+    token = app[KEYS].create("bank-a", "client")[0]
+    responses = await asyncio.gather(*(
+        client.post("/v1/generate", json={"prompt": f"p{i}", "max_new_tokens": 16},
+                    headers=bearer(token)) for i in range(12)))
+    statuses = [r.status for r in responses]
+    assert 503 in statuses and 200 in statuses
+    for response in responses:
+        if response.status == 503:
+            assert response.headers["Retry-After"] == "1"
+    assert app[LEDGER].tree_head()[0] == statuses.count(200)
+
+
+async def test_openai_client_calls_both_routes(service: Any) -> None:
+    from openai import AsyncOpenAI
+
+    client, tokens = service
+    base = str(client.make_url("/v1"))
+    openai = AsyncOpenAI(base_url=base, api_key=tokens["a"], max_retries=0)
+    model = (await openai.models.list()).data[0].id
+    chat = await openai.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Say hi"}], max_tokens=6,
+        temperature=0)
+    completion = await openai.completions.create(model=model, prompt="Once upon", max_tokens=5,
+                                                 temperature=0)
+    await openai.close()
+    for result in (chat, completion):
+        audit = result.model_extra["audit"]  # type: ignore[index]
+        record = await client.get(f"/v1/records/{audit['record_id']}", headers=bearer(tokens["a"]))
+        assert record.status == 200
+        assert (await record.json())["leaf_index"] == audit["leaf_index"]
+    assert chat.choices[0].message.role == "assistant"
+    assert isinstance(completion.choices[0].text, str)
+    assert completion.usage is not None and completion.usage.completion_tokens <= 5
+
+
+async def test_openai_unknown_model_404(service: Any) -> None:
+    client, tokens = service
+    response = await client.post("/v1/completions", json={"model": "gpt-9", "prompt": "x"},
+                                 headers=bearer(tokens["a"]))
+    assert response.status == 404 and (await response.json())["field"] == "model"
+
+
+async def test_checkpoints_and_consistency_routes(service: Any) -> None:
+    client, tokens = service
+    for _ in range(3):
+        await generate(client, tokens["a"], max_new_tokens=1)
+    app = client.server.app
+    app[LEDGER].seal_checkpoint(app[SIGNER], app[SETTINGS].origin)
+    latest = await (await client.get("/v1/checkpoints/latest", headers=bearer(tokens["a"]))).json()
+    assert latest["tree_size"] == 3
+    proof = await client.get("/v1/checkpoints/consistency?from=1&to=3",
+                             headers=bearer(tokens["a"]))
+    assert proof.status == 200 and len((await proof.json())["proof"]) == 2
+    bad = await client.get("/v1/checkpoints/consistency?from=4&to=3", headers=bearer(tokens["a"]))
+    assert bad.status == 400 and (await bad.json())["field"] == "from"
+
+
+async def test_health_readiness_metrics(service: Any) -> None:
+    client, tokens = service
+    await generate(client, tokens["a"], max_new_tokens=2)
+    assert (await client.get("/healthz")).status == 200
+    ready = await (await client.get("/readyz")).json()
+    assert ready == {"ready": True, "checks": {"model_loaded": True, "ledger_reachable": True}}
+    text = await (await client.get("/metrics")).text()
+    for name in ("audit_phase_seconds_bucket{le=", 'phase="forward"', 'phase="append"',
+                 "audit_batch_size_count", "audit_queue_depth", "audit_checkpoint_lag_entries"):
+        assert name in text, name
+
+
+async def test_openapi_matches_the_routes(service: Any) -> None:
+    client, _ = service
+    document = await (await client.get("/openapi.json")).json()
+    assert document == openapi_document()
+    served = {(r.method, r.resource.canonical) for r in client.server.app.router.routes()
+              if r.resource is not None and r.method != "HEAD"}
+    documented = {(m.upper(), p) for p, ops in document["paths"].items() for m in ops}
+    assert served == documented == {(r.method, r.path) for r in ROUTES}
+
+
+async def test_drain_answers_queued_requests_and_commits_them(
+    aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any
+) -> None:
+    from inference_wrapper.batcher import Batcher, ShuttingDownError
+    from ledger.store.migrate import upgrade
+    from ledger.store.sql import SqlLedger
+
+    upgrade(settings.database_url)
+    with SqlLedger(settings.database_url) as ledger:
+        batcher = Batcher(tiny_generator, ledger, max_batch=4, max_wait_ms=1)
+        batcher.start()
+        jobs = [asyncio.ensure_future(batcher.submit(tiny_generator.prepare(f"p{i}")))
+                for i in range(10)]
+        await asyncio.sleep(0)
+        await batcher.drain()
+        answers = [job.result() for job in jobs]
+        assert sorted(a.receipt.leaf_index for a in answers) == list(range(10))
+        assert ledger.tree_head()[0] == 10
+        with pytest.raises(ShuttingDownError):
+            await batcher.submit(tiny_generator.prepare("late"))
+

@@ -54,6 +54,6 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(settings, generator)
     print(f"serving {generator.loaded.name} ({generator.loaded.digest}) on "
           f"http://{settings.host}:{settings.port}", flush=True)
-    web.run_app(app, host=settings.host, port=settings.port, print=None,
+    web.run_app(app, host=settings.host, port=settings.port, print=None, access_log=None,
                 shutdown_timeout=settings.request_timeout_s)
     return 0

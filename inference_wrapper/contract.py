@@ -55,9 +55,12 @@ class TokenizationContract:
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
 
-    def encode(self, tokenizer: Any, texts: list[str]) -> tuple[Any, list[bool]]:
+    def encode(
+        self, tokenizer: Any, texts: list[str], min_length: int = 0
+    ) -> tuple[Any, list[bool]]:
         """Tokenize a batch under the contract, in one tokenizer pass.
 
+        ``min_length`` pads further (a replay reproducing a recorded batch's padding).
         Returns a BatchEncoding of torch tensors and, per row, whether it was truncated.
         """
         ids = tokenizer(texts, add_special_tokens=self.add_special_tokens)["input_ids"]
@@ -66,10 +69,10 @@ class TokenizationContract:
             ids = [row[-self.max_length :] for row in ids]
         else:
             ids = [row[: self.max_length] for row in ids]
+        longest = max(len(row) for row in ids)
+        multiple = self.pad_to_multiple_of
+        target = max(min_length, -(-longest // multiple) * multiple)
         encoded = tokenizer.pad(
-            {"input_ids": ids},
-            padding=True,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            return_tensors="pt",
+            {"input_ids": ids}, padding="max_length", max_length=target, return_tensors="pt"
         )
         return encoded, truncated

@@ -117,7 +117,9 @@ class AuditedGenerator:
         checked = (params or GenerationParams()).validate(self.limits)
         return PreparedRequest(text, checked, tenant, parse_ms=_now_ms() - start)
 
-    def run_batch(self, requests: Sequence[PreparedRequest]) -> BatchResult:
+    def run_batch(
+        self, requests: Sequence[PreparedRequest], min_length: int = 0
+    ) -> BatchResult:
         """One ``model.generate`` call for requests that share generation parameters."""
         import torch
 
@@ -135,7 +137,9 @@ class AuditedGenerator:
         timings: dict[str, float] = {}
 
         start = _now_ms()
-        encoded, truncated = self.contract.encode(tokenizer, [r.prompt for r in requests])
+        encoded, truncated = self.contract.encode(
+            tokenizer, [r.prompt for r in requests], min_length=min_length
+        )
         input_ids = encoded["input_ids"].to(self.loaded.device)
         attention = encoded["attention_mask"].to(self.loaded.device)
         timings["tokenize"] = _now_ms() - start

@@ -174,6 +174,9 @@ class NoteVerifier:
         self.public_key = public_key
         self.key_hash = key_hash(name, public_key)
         self._key = Ed25519PublicKey.from_public_bytes(public_key)
+        # Notes verified already (bytes -> body): a bundle repeats one checkpoint for
+        # every record, and a signature check costs more than all else per record.
+        self._verified: dict[bytes, bytes] = {}
 
     def encode(self) -> str:
         """The verifier key string ``name+hash+base64(0x01||key)`` of signed-note."""
@@ -198,6 +201,15 @@ class NoteVerifier:
 
     def open(self, note: bytes) -> bytes:
         """The note's body if it carries a valid signature by this key, else raise."""
+        cached = self._verified.get(note)
+        if cached is not None:
+            return cached
+        body = self._open_uncached(note)
+        if len(self._verified) < 1024:
+            self._verified[note] = body
+        return body
+
+    def _open_uncached(self, note: bytes) -> bytes:
         parsed = SignedNote.parse(note)
         named = [s for s in parsed.signatures if s[0] == self.name and s[1] == self.key_hash]
         if not named:

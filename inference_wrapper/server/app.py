@@ -21,6 +21,7 @@ from inference_wrapper.generator import AuditedGenerator
 from inference_wrapper.server.metrics import Metrics
 from inference_wrapper.server.problems import Problem
 from inference_wrapper.server.settings import Settings
+from ledger.anchor.local import LocalAnchor
 from ledger.checkpoint import NoteSigner
 from ledger.store.apikeys import ApiKeyStore
 from ledger.store.integrator import Integrator
@@ -82,8 +83,9 @@ async def ledger_context(app: web.Application) -> AsyncIterator[None]:
 
 async def integrator_context(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
+    anchor = LocalAnchor(app[LEDGER], app[SIGNER].verifier(), settings.origin)
     integrator = Integrator(app[LEDGER], app[SIGNER], settings.origin,
-                            interval_s=settings.checkpoint_interval_s).start()
+                            interval_s=settings.checkpoint_interval_s, anchor=anchor).start()
     app[INTEGRATOR] = integrator
     yield
     await asyncio.to_thread(integrator.stop)

@@ -32,6 +32,7 @@ from inference_wrapper.server.validation import (
     openapi_schema,
     parse_json_body,
 )
+from ledger.anchor.local import LocalAnchor
 from ledger.errors import BackendError, InvalidInputError, LedgerError
 from ledger.store.apikeys import ApiKey
 from ledger.store.sql import QUERY_FILTERS, RecordRow
@@ -323,7 +324,14 @@ async def get_record(request: web.Request) -> web.Response:
 async def record_proof(request: web.Request) -> web.Response:
     row = await _visible_record(request)
     ledger = request.app[LEDGER]
-    latest = await asyncio.to_thread(ledger.latest_checkpoint)
+    if "tree_size" in request.query:  # a proof to one given, already sealed checkpoint
+        size = _int_query(request, "tree_size")
+        latest = await asyncio.to_thread(ledger.checkpoint, size)
+        if latest is None or latest.size <= row.leaf_index:
+            raise invalid("tree_size", f"no checkpoint of size {size} covers this record",
+                          status=400)
+    else:
+        latest = await asyncio.to_thread(ledger.latest_checkpoint)
     if latest is None or latest.size <= row.leaf_index:
         await asyncio.to_thread(request.app[INTEGRATOR].seal_now)
         latest = await asyncio.to_thread(ledger.latest_checkpoint)
@@ -345,6 +353,15 @@ async def latest_checkpoint(request: web.Request) -> web.Response:
         raise Problem(404, "Not Found", "no checkpoint has been sealed yet")
     return web.json_response({"tree_size": latest.size, "root": latest.root.hex(),
                               "checkpoint": latest.note.decode()})
+
+
+async def anchored_checkpoint(request: web.Request) -> web.Response:
+    authorize(request, READER_ROLES)
+    anchored = await asyncio.to_thread(LocalAnchor.latest_row, request.app[LEDGER])
+    if anchored is None:
+        raise Problem(404, "Not Found", "no checkpoint has been anchored yet")
+    return web.json_response({"tree_size": anchored.size, "kind": anchored.kind,
+                              "ref": anchored.ref, "checkpoint": anchored.note.decode()})
 
 
 async def consistency(request: web.Request) -> web.Response:
@@ -419,8 +436,10 @@ ROUTES = (
     Route("GET", "/v1/records", list_records, "query the mirror", query=QUERY_PARAMS),
     Route("GET", "/v1/records/{record_id}", get_record, "one record with its bytes"),
     Route("GET", "/v1/records/{record_id}/proof", record_proof,
-          "inclusion proof to the latest checkpoint"),
+          "inclusion proof to the latest (or a given) checkpoint", query=("tree_size",)),
     Route("GET", "/v1/checkpoints/latest", latest_checkpoint, "the latest signed checkpoint"),
+    Route("GET", "/v1/checkpoints/anchored", anchored_checkpoint,
+          "the newest anchored checkpoint and where it was anchored"),
     Route("GET", "/v1/checkpoints/consistency", consistency, "consistency proof",
           query=("from", "to")),
     Route("GET", "/v1/log/public-key", public_key, "the log's verifier key"),
@@ -447,7 +466,7 @@ def openapi_document() -> dict[str, Any]:
         }
         params = [{"name": q, "in": "query", "required": q in ("from", "to") and
                    route.handler is consistency,
-                   "schema": {"type": "integer"} if q in ("from", "to", "limit") else
+                   "schema": {"type": "integer"} if q in ("from", "to", "limit", "tree_size") else
                    {"type": "string"}} for q in route.query]
         if "{record_id}" in route.path:
             params.append({"name": "record_id", "in": "path", "required": True,

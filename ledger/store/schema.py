@@ -93,3 +93,13 @@ api_keys = Table(
     Column("created_at", DateTime, nullable=False),
     Column("revoked_at", DateTime, nullable=True),
 )
+
+anchors = Table(
+    "anchors",
+    metadata,
+    Column("size", BigInteger, primary_key=True, autoincrement=False),
+    Column("note", LargeBinary, nullable=False),  # the anchored signed checkpoint
+    Column("kind", String(16), nullable=False),  # "local" or "fabric"
+    Column("ref", Text, nullable=False),  # "local:<size>" or "fabric:<channel>:<txid>:<block>"
+    Column("anchored_at", DateTime, nullable=False),
+)

@@ -1,0 +1,99 @@
+"""Inspect the log: checkpoint, fsck, consistency, public-key."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from audit_cli.evidence import add_key_option, pinned_verifier
+from audit_cli.filters import progress_printer
+from audit_cli.options import print_json
+from ledger.errors import InvalidInputError
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", help="ledger database URL (default: the service's)")
+    add_key_option(parser)
+    parser.add_argument("--key-file", type=Path,
+                        help="the log's signing key file (operators; default: the service's)")
+    actions = parser.add_subparsers(dest="action", required=True)
+    actions.add_parser("checkpoint", help="the latest signed checkpoint")
+    actions.add_parser("fsck", help="recompute everything from the stored bytes")
+    consistency = actions.add_parser("consistency", help="prove FROM is a prefix of TO")
+    consistency.add_argument("first", type=int)
+    consistency.add_argument("second", type=int)
+    actions.add_parser("public-key", help="the verifier key to pin")
+
+
+def _settings(args: argparse.Namespace) -> tuple[str, Path]:
+    from inference_wrapper.server.settings import Settings
+
+    settings = Settings.from_env()
+    return args.db or settings.database_url, args.key_file or settings.log_key_path
+
+
+def _verifier(args: argparse.Namespace, key_file: Path):  # type: ignore[no-untyped-def]
+    if args.log_key:
+        return pinned_verifier(args)
+    from ledger.store.keys import decode_signer_key
+
+    if not key_file.is_file():
+        raise InvalidInputError("--log-key", "give the pinned log key or --key-file")
+    return decode_signer_key(key_file.read_text()).verifier()
+
+
+def run(args: argparse.Namespace) -> int:
+    from ledger.store.sql import SqlLedger
+
+    url, key_file = _settings(args)
+    if args.action == "public-key":
+        verifier = _verifier(args, key_file)
+        print_json({"verifier_key": verifier.encode(), "origin": verifier.name}) if args.json \
+            else print(verifier.encode())
+        return 0
+    with SqlLedger(url) as ledger:
+        if args.action == "checkpoint":
+            latest = ledger.latest_checkpoint()
+            if latest is None:
+                print("no checkpoint yet")
+                return 1
+            if args.json:
+                print_json({"tree_size": latest.size, "root": latest.root.hex(),
+                            "checkpoint": latest.note.decode()})
+            else:
+                print(latest.note.decode(), end="")
+            return 0
+        if args.action == "consistency":
+            from ledger import merkle
+
+            proof = ledger.consistency_proof(args.first, args.second)
+            old, new = ledger.checkpoint(args.first), ledger.checkpoint(args.second)
+            verified = None
+            if old is not None and new is not None:
+                merkle.verify_consistency(args.first, args.second, proof, old.root, new.root)
+                verified = True
+            if args.json:
+                print_json({"from": args.first, "to": args.second,
+                            "proof": [h.hex() for h in proof], "verified": verified})
+            else:
+                for item in proof:
+                    print(item.hex())
+                if verified:
+                    print(f"verified against the checkpoints of size {args.first} and "
+                          f"{args.second}")
+            return 0
+        from ledger.store.fsck import fsck
+
+        report = fsck(ledger, _verifier(args, key_file), progress=progress_printer("checked"))
+    if args.json:
+        print_json({"ok": report.ok, "tree_size": report.tree_size,
+                    "records_checked": report.records_checked,
+                    "checkpoints_checked": report.checkpoints_checked,
+                    "findings": [vars(f) for f in report.findings]})
+    else:
+        print(f"tree size {report.tree_size}, {report.records_checked} records, "
+              f"{report.checkpoints_checked} checkpoints checked")
+        for finding in report.findings:
+            print(f"  {finding}")
+        print("OK" if report.ok else f"{len(report.findings)} findings; first: {report.first}")
+    return 0 if report.ok else 1

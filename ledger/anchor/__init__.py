@@ -1,0 +1,1 @@
+"""Anchors: somewhere outside the log that remembers which checkpoints it signed."""

@@ -1,0 +1,1 @@
+"""Fetching evidence for verification: from a server, a database or a bundle."""

@@ -1,0 +1,36 @@
+"""Evidence straight from a ledger database (an operator's or auditor's replica)."""
+
+from __future__ import annotations
+
+from ledger.anchor.local import LocalAnchor
+from ledger.client.sources import RecordEvidence, RecordNotFoundError
+from ledger.errors import BackendError
+from ledger.store.sql import SqlLedger
+
+
+class DatabaseSource:
+    def __init__(self, ledger: SqlLedger) -> None:
+        self.ledger = ledger
+
+    def record(self, record_id: str) -> RecordEvidence:
+        row = self.ledger.get_record(record_id)
+        if row is None:
+            raise RecordNotFoundError(f"no record {record_id!r} in the database")
+        return RecordEvidence(record_id, row.canonical, row.leaf_index,
+                              self.ledger.leaf_hash(row.leaf_index), row.anchor_ref)
+
+    def inclusion(self, record: RecordEvidence) -> tuple[list[bytes], bytes]:
+        latest = self.ledger.latest_checkpoint()
+        if latest is None or latest.size <= record.leaf_index:
+            raise BackendError(f"record {record.record_id} is not yet covered by a checkpoint")
+        return self.ledger.inclusion_proof(record.leaf_index, latest.size), latest.note
+
+    def consistency(self, size1: int, size2: int) -> list[bytes]:
+        return self.ledger.consistency_proof(size1, size2)
+
+    def anchored(self) -> tuple[bytes, str] | None:
+        latest = LocalAnchor.latest_row(self.ledger)
+        return (latest.note, latest.ref) if latest else None
+
+
+

@@ -1,0 +1,89 @@
+"""Building evidence bundles from a database or a server."""
+
+from __future__ import annotations
+
+import base64
+import urllib.parse
+from collections.abc import Callable
+from datetime import datetime
+
+from ledger.anchor.local import LocalAnchor
+from ledger.bundle import Bundle, BundleEntry
+from ledger.client.sources import ServerSource, checkpoint_size
+from ledger.errors import BackendError
+from ledger.store.sql import SqlLedger
+
+Progress = Callable[[int, int | None], None]
+
+
+def export_from_db(url: str, since: datetime | None, until: datetime | None,
+                   filters: dict[str, str], progress: Progress | None = None,
+                   log_key: str = "") -> Bundle:
+    with SqlLedger(url) as ledger:
+        latest = ledger.latest_checkpoint()
+        if latest is None:
+            raise BackendError("the log has no checkpoint yet")
+        entries: list[BundleEntry] = []
+        cursor: str | None = None
+        while True:
+            rows, cursor = ledger.query(since=since, until=until, limit=1000, cursor=cursor,
+                                        **filters)
+            for row in rows:
+                if row.leaf_index < latest.size:
+                    entries.append(BundleEntry(row.record_id, row.leaf_index, row.canonical,
+                                               ledger.inclusion_proof(row.leaf_index,
+                                                                      latest.size)))
+            if progress:
+                progress(len(entries), None)
+            if cursor is None:
+                break
+        anchored = LocalAnchor.latest_row(ledger)
+        consistency: list[bytes] = []
+        if anchored is not None:
+            low, high = sorted((anchored.size, latest.size))
+            consistency = ledger.consistency_proof(low, high) if low < high else []
+        origin = latest.note.split(b"\n", 1)[0].decode()
+        return Bundle(origin, log_key, latest.note, entries,
+                      anchored.note if anchored else None, anchored.ref if anchored else None,
+                      consistency)
+
+
+def export_from_server(base_url: str, api_key: str, since: datetime | None,
+                       until: datetime | None, filters: dict[str, str],
+                       progress: Progress | None = None) -> Bundle:
+    server = ServerSource(base_url, api_key)
+    latest = server.get("/v1/checkpoints/latest")
+    note, size = latest["checkpoint"].encode(), int(latest["tree_size"])
+    key = server.get("/v1/log/public-key")
+    query: dict[str, str] = dict(filters)
+    if since:
+        query["since"] = since.isoformat()
+    if until:
+        query["until"] = until.isoformat()
+    entries: list[BundleEntry] = []
+    cursor = None
+    while True:
+        page = server.get("/v1/records", **query, limit=500,
+                           **({"cursor": cursor} if cursor else {}))
+        for row in page["records"]:
+            if row["leaf_index"] >= size:
+                continue
+            quoted = urllib.parse.quote(row["record_id"], safe="")
+            proof = server.get(f"/v1/records/{quoted}/proof", tree_size=size)
+            full = server.get(f"/v1/records/{quoted}")
+            entries.append(BundleEntry(row["record_id"], int(row["leaf_index"]),
+                                       base64.b64decode(full["canonical_base64"]),
+                                       [bytes.fromhex(h) for h in proof["inclusion_proof"]]))
+        if progress:
+            progress(len(entries), None)
+        cursor = page.get("next_cursor")
+        if not cursor:
+            break
+    anchored = server.anchored()
+    consistency: list[bytes] = []
+    if anchored is not None:
+        low, high = sorted((checkpoint_size(anchored[0]), size))
+        consistency = server.consistency(low, high) if low < high else []
+    return Bundle(key["origin"], key["verifier_key"], note, entries,
+                  anchored[0] if anchored else None, anchored[1] if anchored else None,
+                  consistency)

@@ -1,0 +1,125 @@
+"""Evidence sources behind one narrow interface, and the gathering of evidence.
+
+A source only fetches; every decision is made by ``ledger.verify``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ledger.errors import BackendError, BackendUnavailableError, InvalidInputError
+from ledger.verify import Evidence
+
+
+@dataclass(frozen=True)
+class RecordEvidence:
+    record_id: str
+    canonical: bytes
+    leaf_index: int
+    log_leaf_hash: bytes | None
+    anchor_ref: str | None
+
+
+class RecordNotFoundError(BackendError):
+    """The source has no such record (or will not say it has)."""
+
+
+class EvidenceSource(Protocol):
+    def record(self, record_id: str) -> RecordEvidence: ...
+    def inclusion(self, record: RecordEvidence) -> tuple[list[bytes], bytes]: ...
+    def consistency(self, size1: int, size2: int) -> list[bytes]: ...
+    def anchored(self) -> tuple[bytes, str] | None: ...
+
+
+def checkpoint_size(note: bytes) -> int:
+    from ledger.checkpoint import Checkpoint
+
+    split = note.rfind(b"\n\n")
+    return Checkpoint.parse_body(note[: split + 1]).size
+
+
+def gather(source: EvidenceSource, record_id: str, seen_note: bytes | None) -> Evidence:
+    """Fetch one record's evidence: bytes, inclusion proof, checkpoint, anchor and the
+    consistency proofs that link the checkpoint to the anchor and to ``seen_note``."""
+    record = source.record(record_id)
+    proof, note = source.inclusion(record)
+    size = checkpoint_size(note)
+    anchored = source.anchored()
+    anchor_consistency: list[bytes] = []
+    if anchored is not None:
+        anchored_size = checkpoint_size(anchored[0])
+        low, high = sorted((anchored_size, size))
+        anchor_consistency = source.consistency(low, high) if low < high else []
+    seen_consistency: list[bytes] = []
+    if seen_note is not None:
+        low, high = sorted((checkpoint_size(seen_note), size))
+        seen_consistency = source.consistency(low, high) if low < high else []
+    return Evidence(
+        record_id=record_id, canonical=record.canonical, leaf_index=record.leaf_index,
+        inclusion_proof=proof, checkpoint_note=note,
+        anchored_note=anchored[0] if anchored else None,
+        anchor_ref=anchored[1] if anchored else record.anchor_ref,
+        anchor_consistency=anchor_consistency, seen_consistency=seen_consistency,
+        log_leaf_hash=record.log_leaf_hash,
+    )
+
+
+class ServerSource:
+    """The service's auditor routes over HTTP (standard library only)."""
+
+    def __init__(self, base_url: str, api_key: str, timeout_s: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self._proofs: dict[str, dict[str, Any]] = {}
+
+    def get(self, path: str, **query: Any) -> dict[str, Any]:
+        url = self.base_url + path
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        request = urllib.request.Request(url, headers={
+            "Authorization": f"Bearer {self.api_key}", "Accept": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return dict(json.loads(response.read()))
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:300]
+            if exc.code == 404:
+                raise RecordNotFoundError(f"{path}: not found ({detail})") from exc
+            if exc.code in (401, 403):
+                raise InvalidInputError("api_key", f"the server refused it: {detail}") from exc
+            raise BackendError(f"{path}: HTTP {exc.code}: {detail}") from exc
+        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            raise BackendUnavailableError(f"cannot reach {self.base_url}: {exc}") from exc
+
+    def record(self, record_id: str) -> RecordEvidence:
+        quoted = urllib.parse.quote(record_id, safe="")
+        body = self.get(f"/v1/records/{quoted}")
+        proof = self.get(f"/v1/records/{quoted}/proof")
+        self._proofs[record_id] = proof
+        return RecordEvidence(record_id, base64.b64decode(body["canonical_base64"]),
+                              int(body["leaf_index"]), bytes.fromhex(proof["leaf_hash"]),
+                              body.get("anchor_ref"))
+
+    def inclusion(self, record: RecordEvidence) -> tuple[list[bytes], bytes]:
+        # The server answers a record's proof by record id; record() fetched it.
+        proof = self._proofs.get(record.record_id) or self.get(
+            f"/v1/records/{urllib.parse.quote(record.record_id, safe='')}/proof")
+        return [bytes.fromhex(h) for h in proof["inclusion_proof"]], proof["checkpoint"].encode()
+
+    def consistency(self, size1: int, size2: int) -> list[bytes]:
+        body = self.get("/v1/checkpoints/consistency", **{"from": size1, "to": size2})
+        return [bytes.fromhex(h) for h in body["proof"]]
+
+    def anchored(self) -> tuple[bytes, str] | None:
+        try:
+            body = self.get("/v1/checkpoints/anchored")
+        except RecordNotFoundError:
+            return None
+        return body["checkpoint"].encode(), str(body["ref"])

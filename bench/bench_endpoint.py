@@ -1,0 +1,206 @@
+"""Endpoint throughput and latency at concurrency 1, 8 and 32, side by side in one run.
+
+    .venv/bin/python bench/bench_endpoint.py [--requests-per-client 8] [--default-model]
+
+(a) the service, audited, dynamic batching (max batch 32);
+(b) the service, audited, batch size 1;
+(c) a bare aiohttp handler defined here, same model, same batcher, no fingerprints and
+    no ledger (the service itself has no switch that turns auditing off).
+Each server runs in its own process with one torch thread; the load comes from this
+process over loopback HTTP. Prints requests/s, p50 and p99 latency, and the ratios
+(a)/(b) and (a)/(c).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "Summarise the credit exposure of the retail portfolio in one sentence:"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def serve_bare(port: int, model_dir: str, manifest: str) -> None:
+    """Mode (c): the same model and batcher, no audit at all."""
+    import torch
+    from aiohttp import web
+
+    from inference_wrapper.batcher import Batcher
+    from inference_wrapper.generator import AuditedGenerator
+    from inference_wrapper.model import load_model
+    from inference_wrapper.params import GenerationParams
+
+    torch.set_num_threads(1)
+    generator = AuditedGenerator(load_model(Path(model_dir),
+                                            manifest=json.loads(Path(manifest).read_text())))
+
+    class NoAudit:
+        """run_batch is the real one; seal only hands the texts back."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(generator, name)
+
+        def seal(self, batch: Any) -> list[Any]:
+            return [type("Out", (), {"text": t, "record": None})() for t in batch.texts]
+
+    class NoJournal:
+        async def append_async(self, record: Any) -> None:
+            return None
+
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.json()
+        prepared = generator.prepare(body["prompt"],
+                                     GenerationParams(max_new_tokens=body["max_new_tokens"]))
+        answer = await request.app["batcher"].submit(prepared)
+        return web.json_response({"output": answer.output.text})
+
+    async def start(app: web.Application) -> Any:
+        batcher = Batcher(NoAudit(), NoJournal(), max_batch=32, max_wait_ms=5.0)  # type: ignore[arg-type]
+        batcher.start()
+        app["batcher"] = batcher
+        yield
+        await batcher.drain()
+
+    app = web.Application()
+    app.cleanup_ctx.append(start)
+    app.router.add_post("/v1/generate", handle)
+    app.router.add_get("/readyz", lambda r: web.json_response({"ready": True}))
+    print("ready", flush=True)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def start_service(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    token = ""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        match = re.search(r"client\s+\(tenant default\): (\S+)", line)
+        if match:
+            token = match.group(1)
+        if line.startswith("serving") or line.startswith("ready"):
+            break
+    return proc, token
+
+
+async def wait_ready(base: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(600):
+            try:
+                async with session.get(f"{base}/readyz") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{base} never became ready")
+
+
+async def load(base: str, token: str, concurrency: int, per_client: int,
+               new_tokens: int) -> tuple[float, float, float]:
+    latencies: list[float] = []
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def client(c: int) -> None:
+            for i in range(per_client):
+                start = time.perf_counter()
+                async with session.post(f"{base}/v1/generate", headers=headers, json={
+                        "prompt": f"{PROMPT} ({c}.{i})", "max_new_tokens": new_tokens}) as r:
+                    assert r.status == 200, await r.text()
+                    await r.read()
+                latencies.append(time.perf_counter() - start)
+
+        await client(-1)  # warm-up
+        latencies.clear()
+        start = time.perf_counter()
+        await asyncio.gather(*(client(c) for c in range(concurrency)))
+        elapsed = time.perf_counter() - start
+    latencies.sort()
+    return (len(latencies) / elapsed, statistics.median(latencies) * 1e3,
+            latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1e3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests-per-client", type=int, default=6)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--levels", default="1,8,32")
+    parser.add_argument("--default-model", action="store_true",
+                        help="use the shipped SmolLM2-135M instead of the tiny model")
+    parser.add_argument("--serve-bare", nargs=3, metavar=("PORT", "MODEL", "MANIFEST"))
+    args = parser.parse_args()
+    if args.serve_bare:
+        serve_bare(int(args.serve_bare[0]), args.serve_bare[1], args.serve_bare[2])
+        return
+    levels = [int(x) for x in args.levels.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        from inference_wrapper.defaults import DEFAULT_MODEL_DIR, PINNED_MANIFEST
+        from inference_wrapper.tiny import build_tiny_model
+
+        if args.default_model:
+            model_dir, manifest = DEFAULT_MODEL_DIR, PINNED_MANIFEST
+        else:
+            model_dir = Path(tmp) / "tiny"
+            build_tiny_model(model_dir)
+            manifest = Path(tmp) / "tiny.manifest.json"
+        env = dict(os.environ, AUDIT_LEDGER_HOME=tmp, PYTHONUNBUFFERED="1")
+        results: dict[str, dict[int, tuple[float, float, float]]] = {}
+        configs = {
+            "(a) audited, batching": ["--max-batch", "32"],
+            "(b) audited, batch 1": ["--max-batch", "1"],
+            "(c) bare, batching": None,
+        }
+        for name, extra in configs.items():
+            port = free_port()
+            if extra is None:
+                cmd = [sys.executable, __file__, "--serve-bare", str(port), str(model_dir),
+                       str(manifest)]
+            else:
+                cmd = [sys.executable, "-m", "audit_cli.main", "serve", "--port", str(port),
+                       "--db", f"sqlite:///{tmp}/{port}.db", "--model-dir", str(model_dir),
+                       "--model-manifest", str(manifest), *extra]
+            proc, token = start_service(cmd, env)
+            base = f"http://127.0.0.1:{port}"
+            try:
+                asyncio.run(wait_ready(base))
+                results[name] = {c: asyncio.run(load(base, token, c, args.requests_per_client,
+                                                     args.new_tokens)) for c in levels}
+            finally:
+                proc.terminate()
+                proc.wait(timeout=60)
+    model = "SmolLM2-135M" if args.default_model else "tiny model"
+    print(f"{model}, {args.new_tokens} new tokens, {args.requests_per_client} requests per "
+          "client, 1 torch thread per server")
+    print(f"{'':24}" + "".join(f"{'c=' + str(c):>28}" for c in levels))
+    for name, per_level in results.items():
+        cells = "".join(f"{rps:8.1f} req/s {p50:6.0f}/{p99:6.0f} ms"
+                        for rps, p50, p99 in per_level.values())
+        print(f"{name:24}{cells}")
+    a, b, c = (results[n] for n in configs)
+    for level in levels:
+        print(f"c={level}: batching gain (a)/(b) = {a[level][0] / b[level][0]:.2f}x, "
+              f"audit cost (a)/(c) = {a[level][0] / c[level][0]:.3f} of bare throughput")
+
+
+if __name__ == "__main__":
+    main()

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from inference_wrapper.generator import (
@@ -45,6 +45,7 @@ class ShuttingDownError(LedgerError):
 class Answer:
     output: AuditedOutput
     receipt: Any  # ledger Receipt
+    spans_ns: dict[str, tuple[int, int]] = field(default_factory=dict)  # wall clock
 
 
 @dataclass
@@ -52,6 +53,7 @@ class _Job:
     request: PreparedRequest
     future: asyncio.Future[Answer]
     enqueued: float
+    enqueued_ns: int = 0
 
 
 class Batcher:
@@ -92,7 +94,8 @@ class Batcher:
             raise ShuttingDownError("the service is shutting down")
         if len(self._waiting) >= self.queue_limit:
             raise QueueFullError(f"queue is full ({self.queue_limit} requests waiting)")
-        job = _Job(request, asyncio.get_running_loop().create_future(), time.perf_counter())
+        job = _Job(request, asyncio.get_running_loop().create_future(), time.perf_counter(),
+                   time.time_ns())
         self._waiting.append(job)
         self._wakeup.set()
         return await asyncio.shield(job.future)  # a timed-out caller does not cancel the work
@@ -157,11 +160,12 @@ class Batcher:
         loop = asyncio.get_running_loop()
         try:
             outputs = await loop.run_in_executor(self._audit_thread, self.generator.seal, result)
-            start = time.perf_counter()
+            start, start_ns = time.perf_counter(), time.time_ns()
             receipts = await asyncio.gather(
                 *(self.journal.append_async(o.record) for o in outputs), return_exceptions=True
             )
             self._observe("append", time.perf_counter() - start)
+            append_span = (start_ns, time.time_ns())
         except Exception as exc:
             self._finish(batch, exc)
             return
@@ -169,7 +173,10 @@ class Batcher:
             if isinstance(receipt, BaseException):
                 self._finish([job], receipt)
             else:
-                self._finish([job], Answer(output, receipt))
+                spans = {"parse": job.request.parse_span_ns,
+                         "queue_wait": (job.enqueued_ns, result.spans_ns["tokenize"][0]),
+                         **result.spans_ns, "append": append_span}
+                self._finish([job], Answer(output, receipt, spans))
         for name, value in result.timings_ms.items():
             self._observe(name, value / 1000.0)
 

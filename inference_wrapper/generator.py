@@ -32,6 +32,7 @@ class PreparedRequest:
     params: GenerationParams
     tenant: str
     parse_ms: float
+    parse_span_ns: tuple[int, int] = (0, 0)  # wall clock, for tracing
     input_salt: bytes = field(default_factory=new_salt, repr=False)
     output_salt: bytes = field(default_factory=new_salt, repr=False)
 
@@ -58,6 +59,7 @@ class BatchResult:
     texts: list[str]
     truncated: list[bool]
     timings_ms: dict[str, float]
+    spans_ns: dict[str, tuple[int, int]] = field(default_factory=dict)  # wall clock
 
 
 def _now_ms() -> float:
@@ -115,7 +117,10 @@ class AuditedGenerator:
         start = _now_ms() if started is None else started
         text = validate_prompt(prompt, self.limits)
         checked = (params or GenerationParams()).validate(self.limits)
-        return PreparedRequest(text, checked, tenant, parse_ms=_now_ms() - start)
+        parse_ms = _now_ms() - start
+        end_ns = time.time_ns()
+        return PreparedRequest(text, checked, tenant, parse_ms=parse_ms,
+                               parse_span_ns=(end_ns - int(parse_ms * 1e6), end_ns))
 
     def run_batch(
         self, requests: Sequence[PreparedRequest], min_length: int = 0
@@ -135,6 +140,8 @@ class AuditedGenerator:
             )
         tokenizer, model = self.loaded.tokenizer, self.loaded.model
         timings: dict[str, float] = {}
+        spans: dict[str, tuple[int, int]] = {}
+        mark = time.time_ns()
 
         start = _now_ms()
         encoded, truncated = self.contract.encode(
@@ -143,6 +150,7 @@ class AuditedGenerator:
         input_ids = encoded["input_ids"].to(self.loaded.device)
         attention = encoded["attention_mask"].to(self.loaded.device)
         timings["tokenize"] = _now_ms() - start
+        spans["tokenize"], mark = (mark, time.time_ns()), time.time_ns()
 
         start = _now_ms()
         if params.do_sample:
@@ -164,6 +172,7 @@ class AuditedGenerator:
         if self.loaded.device.type == "cuda":
             torch.cuda.synchronize(self.loaded.device)
         timings["forward"] = _now_ms() - start
+        spans["forward"], mark = (mark, time.time_ns()), time.time_ns()
 
         start = _now_ms()
         new_tokens = generated[:, input_ids.shape[1]:].cpu().tolist()
@@ -177,6 +186,7 @@ class AuditedGenerator:
                 reasons.append("length")
         texts = tokenizer.batch_decode(outputs, skip_special_tokens=True)
         timings["decode"] = _now_ms() - start
+        spans["decode"] = (mark, time.time_ns())
         return BatchResult(
             requests=requests,
             params=params,
@@ -187,6 +197,7 @@ class AuditedGenerator:
             texts=texts,
             truncated=truncated,
             timings_ms=timings,
+            spans_ns=spans,
         )
 
     def seal(self, batch: BatchResult) -> list[AuditedOutput]:

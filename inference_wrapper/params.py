@@ -10,6 +10,8 @@ from ledger.errors import InvalidInputError
 
 # Records are RFC 8785 JSON, whose integers must fit an IEEE double exactly.
 MAX_SEED = 2**53 - 1
+# Below this, logits / temperature overflow and sampling has no defined distribution.
+MIN_SAMPLING_TEMPERATURE = 0.01
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,10 @@ class GenerationParams:
     def validate(self, limits: Limits) -> GenerationParams:
         _check_int("max_new_tokens", self.max_new_tokens, 1, limits.max_new_tokens)
         _check_float("temperature", self.temperature, 0.0, limits.max_temperature)
+        if 0 < self.temperature < MIN_SAMPLING_TEMPERATURE:
+            raise InvalidInputError(
+                "temperature", f"must be 0 (greedy) or at least {MIN_SAMPLING_TEMPERATURE}"
+            )
         _check_float("top_p", self.top_p, 0.0, 1.0)
         if self.top_p == 0.0:
             raise InvalidInputError("top_p", "must be greater than 0")

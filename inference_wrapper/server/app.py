@@ -21,6 +21,7 @@ from inference_wrapper.generator import AuditedGenerator
 from inference_wrapper.server.metrics import Metrics
 from inference_wrapper.server.problems import Problem
 from inference_wrapper.server.settings import Settings
+from inference_wrapper.server.tracing import PhaseTracer
 from ledger.anchor.local import LocalAnchor
 from ledger.checkpoint import NoteSigner
 from ledger.store.apikeys import ApiKeyStore
@@ -39,6 +40,7 @@ KEYS = web.AppKey("api_keys", ApiKeyStore)
 INTEGRATOR = web.AppKey("integrator", Integrator)
 BATCHER = web.AppKey("batcher", Batcher)
 METRICS = web.AppKey("metrics", Metrics)
+TRACER = web.AppKey("tracer", PhaseTracer)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -119,6 +121,7 @@ def create_app(settings: Settings, generator: AuditedGenerator) -> web.Applicati
     app[SETTINGS] = settings
     app[GENERATOR] = generator
     app[METRICS] = Metrics()
+    app[TRACER] = PhaseTracer(settings.otel_exporter)
     app.cleanup_ctx.extend([ledger_context, integrator_context, batcher_context])
     app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])
     return app

@@ -24,6 +24,7 @@ from inference_wrapper.server.app import (
     METRICS,
     SETTINGS,
     SIGNER,
+    TRACER,
 )
 from inference_wrapper.server.problems import Problem, invalid
 from inference_wrapper.server.validation import (
@@ -109,8 +110,13 @@ async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
     except InvalidInputError as exc:
         raise invalid(exc.field, exc.reason) from exc
     try:
-        return await asyncio.wait_for(request.app[BATCHER].submit(prepared),
-                                      request.app[SETTINGS].request_timeout_s)
+        answer = await asyncio.wait_for(request.app[BATCHER].submit(prepared),
+                                        request.app[SETTINGS].request_timeout_s)
+        request.app[TRACER].record(f"{request.method} {request.path}", answer.spans_ns, {
+            "audit.record_id": answer.receipt.record_id,
+            "audit.leaf_index": answer.receipt.leaf_index,
+            "http.request_id": request.headers.get("X-Request-Id", "")})
+        return answer
     except QueueFullError as exc:
         raise Problem(503, "Service Unavailable", str(exc), headers={"Retry-After": "1"}) from exc
     except ShuttingDownError as exc:

@@ -22,6 +22,7 @@ class Settings:
     request_timeout_s: float = 120.0
     max_body_bytes: int = 64 * 1024
     checkpoint_interval_s: float = 1.0
+    otel_exporter: str = "none"  # "none" or "console"
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:

@@ -319,3 +319,28 @@ async def test_drain_answers_queued_requests_and_commits_them(
         with pytest.raises(ShuttingDownError):
             await batcher.submit(tiny_generator.prepare("late"))
 
+
+
+async def test_phase_spans_exported_when_enabled(
+    aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any
+) -> None:
+    from dataclasses import replace
+
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from inference_wrapper.server.app import TRACER
+
+    app = create_app(replace(settings, otel_exporter="console"), tiny_generator)
+    memory = InMemorySpanExporter()
+    app[TRACER].provider.add_span_processor(SimpleSpanProcessor(memory))
+    client = await aiohttp_client(app)
+    token = app[KEYS].create("bank-a", "client")[0]
+    answer = await (await generate(client, token, max_new_tokens=2)).json()
+    spans = {s.name: s for s in memory.get_finished_spans()}
+    assert set(spans) >= {"parse", "queue_wait", "tokenize", "forward", "decode", "append",
+                          "POST /v1/generate"}
+    root = spans["POST /v1/generate"]
+    assert root.attributes["audit.record_id"] == answer["record_id"]
+    assert spans["forward"].parent.span_id == root.context.span_id
+    assert spans["tokenize"].end_time <= spans["forward"].start_time

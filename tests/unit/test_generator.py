@@ -131,6 +131,7 @@ class CountingModel:
         ("ok", {"temperature": math.nan}, "temperature", "must be finite"),
         ("ok", {"temperature": -0.5}, "temperature", "between 0.0 and 2.0"),
         ("ok", {"temperature": 9.0}, "temperature", "between 0.0 and 2.0"),
+        ("ok", {"temperature": 1e-300}, "temperature", "0 (greedy) or at least 0.01"),
         ("ok", {"top_p": 0.0}, "top_p", "greater than 0"),
         ("ok", {"top_p": math.inf}, "top_p", "must be finite"),
         ("ok", {"seed": -3}, "seed", "between 0 and"),

@@ -15,3 +15,4 @@ lint: setup
 
 test: setup lint
 	$(VENV)/python -m pytest
+	cd chaincode && npm test --silent

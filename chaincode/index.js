@@ -1,0 +1,6 @@
+'use strict';
+
+const AnchorContract = require('./lib/anchor-contract');
+
+module.exports.AnchorContract = AnchorContract;
+module.exports.contracts = [AnchorContract];

@@ -1,0 +1,95 @@
+'use strict';
+
+const { test, beforeEach } = require('node:test');
+const assert = require('node:assert');
+const path = require('path');
+const AnchorContract = require('../lib/anchor-contract');
+const { FakeStub, invoke } = require('./fake-stub');
+
+const vectors = require(path.join(__dirname, '..', '..', 'tests', 'vectors', 'checkpoints.json'));
+const proofJson = (hashes) => JSON.stringify(hashes);
+
+let contract;
+let stub;
+
+beforeEach(async () => {
+    contract = new AnchorContract();
+    stub = new FakeStub();
+    await invoke(contract, stub, 'InitLog', vectors.origin, vectors.verifier_key);
+});
+
+async function anchorSequence() {
+    for (const step of vectors.sequence) {
+        await invoke(contract, stub, 'AnchorCheckpoint', step.note, proofJson(step.consistency_from_previous));
+    }
+}
+
+function refusedWith(code) {
+    return (error) => error.code === code && error.message.startsWith(`${code}: `);
+}
+
+test('a genuine sequence of checkpoints is accepted, with an event each', async () => {
+    await anchorSequence();
+    const latest = await invoke(contract, stub, 'GetLatest', vectors.origin);
+    assert.strictEqual(latest.size, 64);
+    assert.deepStrictEqual(stub.events.map((e) => e.payload.size), [3, 8, 21, 64]);
+    const eight = await invoke(contract, stub, 'GetCheckpoint', vectors.origin, '8');
+    assert.strictEqual(eight.note, vectors.sequence[1].note);
+});
+
+test('re-submitting the same checkpoint is accepted idempotently', async () => {
+    await anchorSequence();
+    const again = await invoke(contract, stub, 'AnchorCheckpoint', vectors.sequence[3].note, '[]');
+    assert.strictEqual(again.size, 64);
+    assert.strictEqual(stub.events.length, 4);
+});
+
+test('rollback to a smaller tree is refused', async () => {
+    await anchorSequence();
+    await assert.rejects(invoke(contract, stub, 'AnchorCheckpoint', vectors.rollback.note, '[]'), refusedWith('ROLLBACK'));
+});
+
+test('a fork (same size, other root) is refused', async () => {
+    await anchorSequence();
+    await assert.rejects(invoke(contract, stub, 'AnchorCheckpoint', vectors.fork.note, '[]'), refusedWith('FORK'));
+});
+
+test('a checkpoint signed by another key is refused', async () => {
+    await anchorSequence();
+    await assert.rejects(invoke(contract, stub, 'AnchorCheckpoint', vectors.bad_signature, '[]'), refusedWith('BAD_SIGNATURE'));
+});
+
+test('an extension without a valid consistency proof is refused', async () => {
+    await invoke(contract, stub, 'AnchorCheckpoint', vectors.sequence[0].note, '[]');
+    await invoke(contract, stub, 'AnchorCheckpoint', vectors.sequence[1].note, proofJson(vectors.sequence[1].consistency_from_previous));
+    await invoke(contract, stub, 'AnchorCheckpoint', vectors.sequence[2].note, proofJson(vectors.sequence[2].consistency_from_previous));
+    const bad = vectors.bad_proof_extension;
+    await assert.rejects(invoke(contract, stub, 'AnchorCheckpoint', bad.note, proofJson(bad.consistency_from_21)), refusedWith('BAD_PROOF'));
+    const latest = await invoke(contract, stub, 'GetLatest', vectors.origin);
+    assert.strictEqual(latest.size, 21);
+});
+
+test('an unknown origin is refused', async () => {
+    await assert.rejects(invoke(contract, stub, 'AnchorCheckpoint', vectors.unknown_origin, '[]'), refusedWith('UNKNOWN_ORIGIN'));
+});
+
+test('malformed input is refused', async () => {
+    await assert.rejects(invoke(contract, stub, 'AnchorCheckpoint', 'not a note', '[]'), refusedWith('MALFORMED'));
+    await assert.rejects(invoke(contract, stub, 'AnchorCheckpoint', vectors.sequence[0].note, '{"x":1}'), refusedWith('MALFORMED'));
+    await assert.rejects(invoke(contract, stub, 'GetCheckpoint', vectors.origin, '-1'), refusedWith('MALFORMED'));
+});
+
+test('a log is registered once; another key for the same origin is refused', async () => {
+    const again = await invoke(contract, stub, 'InitLog', vectors.origin, vectors.verifier_key);
+    assert.strictEqual(again.origin, vectors.origin);
+    await assert.rejects(invoke(contract, stub, 'InitLog', vectors.origin, vectors.other_verifier_key), refusedWith('LOG_EXISTS'));
+    await assert.rejects(invoke(contract, stub, 'InitLog', 'wrong-name', vectors.verifier_key), refusedWith('MALFORMED'));
+});
+
+test('history is paginated in size order', async () => {
+    await anchorSequence();
+    const first = await invoke(contract, stub, 'GetHistory', vectors.origin, '3', '');
+    assert.deepStrictEqual(first.checkpoints.map((c) => c.size), [3, 8, 21]);
+    const second = await invoke(contract, stub, 'GetHistory', vectors.origin, '3', first.bookmark);
+    assert.deepStrictEqual(second.checkpoints.map((c) => c.size), [64]);
+});

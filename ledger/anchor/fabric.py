@@ -1,0 +1,288 @@
+"""A Hyperledger Fabric Gateway client (grpcio + the Fabric protos + cryptography) and
+the anchor that stores checkpoints through our chaincode.
+
+``fabric-sdk-py`` does not install on Python 3.11 and predates the Gateway; the Gateway
+protocol is small: build a signed proposal, Endorse, sign the prepared envelope, Submit,
+then wait on CommitStatus. Field by field this follows the official Go and Node clients.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import (
+    decode_dss_signature,
+    encode_dss_signature,
+)
+from fabric_protos.common import common_pb2
+from fabric_protos.gateway import gateway_pb2, gateway_pb2_grpc
+from fabric_protos.msp import identities_pb2
+from fabric_protos.peer import chaincode_pb2, proposal_pb2, transaction_pb2
+from google.protobuf import timestamp_pb2
+from sqlalchemy import insert
+
+from ledger.checkpoint import NoteVerifier
+from ledger.errors import BackendError, BackendUnavailableError
+from ledger.store.schema import anchors
+from ledger.store.sql import SqlLedger
+
+# Order of the P-256 group: signatures must use the lower half of s (Fabric rejects high-S).
+P256_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
+
+
+class ChaincodeRefusedError(BackendError):
+    """The chaincode refused the call; ``code`` is its error code (e.g. ROLLBACK)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        head = message.rsplit("chaincode response 500, ", 1)[-1]
+        self.code = head.split(":", 1)[0].strip() if ":" in head else "UNKNOWN"
+
+
+class InvalidTransactionError(BackendError):
+    """The transaction was ordered but not valid (e.g. MVCC_READ_CONFLICT)."""
+
+    def __init__(self, tx_id: str, code: str, block: int) -> None:
+        super().__init__(f"transaction {tx_id} committed as {code} in block {block}")
+        self.tx_id, self.code, self.block = tx_id, code, block
+
+
+def sign_low_s(key: ec.EllipticCurvePrivateKey, message: bytes) -> bytes:
+    r, s = decode_dss_signature(key.sign(message, ec.ECDSA(hashes.SHA256())))
+    if s > P256_ORDER // 2:
+        s = P256_ORDER - s
+    return encode_dss_signature(r, s)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """An MSP identity: the MSP id, the enrolment certificate (PEM) and its key."""
+
+    mspid: str
+    certificate_pem: bytes
+    private_key: ec.EllipticCurvePrivateKey
+
+    @classmethod
+    def from_files(cls, mspid: str, certificate: Path, key: Path) -> Identity:
+        private = serialization.load_pem_private_key(Path(key).read_bytes(), password=None)
+        if not isinstance(private, ec.EllipticCurvePrivateKey):
+            raise ValueError("the identity key must be an EC (P-256) key")
+        x509.load_pem_x509_certificate(Path(certificate).read_bytes())  # fail early if bad
+        return cls(mspid, Path(certificate).read_bytes(), private)
+
+    def serialized(self) -> bytes:
+        return identities_pb2.SerializedIdentity(
+            mspid=self.mspid, id_bytes=self.certificate_pem).SerializeToString()
+
+    def sign(self, message: bytes) -> bytes:
+        return sign_low_s(self.private_key, message)
+
+
+class FabricGateway:
+    """Evaluate and submit transactions of one chaincode on one channel."""
+
+    def __init__(self, endpoint: str, identity: Identity, channel: str, chaincode: str, *,
+                 tls_ca: Path | None = None, timeout_s: float = 30.0,
+                 commit_timeout_s: float = 60.0) -> None:
+        self.identity, self.channel, self.chaincode = identity, channel, chaincode
+        self.timeout_s, self.commit_timeout_s = timeout_s, commit_timeout_s
+        if tls_ca is not None:
+            credentials = grpc.ssl_channel_credentials(Path(tls_ca).read_bytes())
+            self._grpc = grpc.secure_channel(endpoint, credentials)
+        else:
+            self._grpc = grpc.insecure_channel(endpoint)
+        self._stub = gateway_pb2_grpc.GatewayStub(self._grpc)
+
+    def close(self) -> None:
+        self._grpc.close()
+
+    def _proposal(self, function: str, args: Sequence[str]) -> tuple[str, Any]:
+        creator = self.identity.serialized()
+        nonce = os.urandom(24)
+        tx_id = hashlib.sha256(nonce + creator).hexdigest()
+        now = timestamp_pb2.Timestamp()
+        now.GetCurrentTime()
+        chaincode_id = chaincode_pb2.ChaincodeID(name=self.chaincode)
+        channel_header = common_pb2.ChannelHeader(
+            type=common_pb2.ENDORSER_TRANSACTION, timestamp=now, channel_id=self.channel,
+            tx_id=tx_id, extension=proposal_pb2.ChaincodeHeaderExtension(
+                chaincode_id=chaincode_id).SerializeToString())
+        header = common_pb2.Header(
+            channel_header=channel_header.SerializeToString(),
+            signature_header=common_pb2.SignatureHeader(
+                creator=creator, nonce=nonce).SerializeToString())
+        spec = chaincode_pb2.ChaincodeSpec(
+            type=chaincode_pb2.ChaincodeSpec.NODE, chaincode_id=chaincode_id,
+            input=chaincode_pb2.ChaincodeInput(
+                args=[function.encode(), *(a.encode() for a in args)]))
+        payload = proposal_pb2.ChaincodeProposalPayload(
+            input=chaincode_pb2.ChaincodeInvocationSpec(
+                chaincode_spec=spec).SerializeToString())
+        proposal = proposal_pb2.Proposal(
+            header=header.SerializeToString(), payload=payload.SerializeToString())
+        proposal_bytes = proposal.SerializeToString()
+        signed = proposal_pb2.SignedProposal(
+            proposal_bytes=proposal_bytes, signature=self.identity.sign(proposal_bytes))
+        return tx_id, signed
+
+    def _call(self, method: Any, request: Any, timeout: float) -> Any:
+        try:
+            return method(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            code, details = exc.code(), exc.details() or ""
+            extra = _error_details(exc)
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise BackendUnavailableError(f"Fabric gateway unavailable: {details}") from exc
+            message = "; ".join(extra) or details
+            if code in (grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN) and (
+                    "chaincode response" in message or extra):
+                raise ChaincodeRefusedError(message) from exc
+            raise BackendError(f"Fabric gateway: {code.name}: {details} {extra}") from exc
+
+    def evaluate(self, function: str, *args: str) -> bytes:
+        tx_id, signed = self._proposal(function, args)
+        response = self._call(self._stub.Evaluate, gateway_pb2.EvaluateRequest(
+            transaction_id=tx_id, channel_id=self.channel, proposed_transaction=signed),
+            self.timeout_s)
+        return bytes(response.result.payload)
+
+    def submit(self, function: str, *args: str) -> tuple[str, int, bytes]:
+        """Endorse, sign, submit and wait for commit; returns (tx id, block, result)."""
+        tx_id, signed = self._proposal(function, args)
+        endorsed = self._call(self._stub.Endorse, gateway_pb2.EndorseRequest(
+            transaction_id=tx_id, channel_id=self.channel, proposed_transaction=signed),
+            self.timeout_s)
+        envelope = endorsed.prepared_transaction
+        envelope.signature = self.identity.sign(envelope.payload)
+        self._call(self._stub.Submit, gateway_pb2.SubmitRequest(
+            transaction_id=tx_id, channel_id=self.channel, prepared_transaction=envelope),
+            self.timeout_s)
+        status_request = gateway_pb2.CommitStatusRequest(
+            transaction_id=tx_id, channel_id=self.channel,
+            identity=self.identity.serialized()).SerializeToString()
+        status = self._call(self._stub.CommitStatus, gateway_pb2.SignedCommitStatusRequest(
+            request=status_request, signature=self.identity.sign(status_request)),
+            self.commit_timeout_s)
+        code = transaction_pb2.TxValidationCode.Name(status.result)
+        if code != "VALID":
+            raise InvalidTransactionError(tx_id, code, int(status.block_number))
+        return tx_id, int(status.block_number), _result_of(envelope)
+
+
+def _fields(data: bytes) -> list[tuple[int, int, bytes | int]]:
+    """A minimal protobuf wire-format reader: (field number, wire type, value)."""
+    out: list[tuple[int, int, bytes | int]] = []
+    i = 0
+
+    def varint() -> int:
+        nonlocal i
+        shift = result = 0
+        while True:
+            byte = data[i]
+            i += 1
+            result |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return result
+            shift += 7
+
+    while i < len(data):
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            out.append((number, wire, varint()))
+        elif wire == 2:
+            length = varint()
+            out.append((number, wire, data[i:i + length]))
+            i += length
+        else:  # fixed 32/64-bit: not used by google.rpc.Status
+            size = 8 if wire == 1 else 4
+            out.append((number, wire, data[i:i + size]))
+            i += size
+    return out
+
+
+def _error_details(exc: grpc.RpcError) -> list[str]:
+    """The ``gateway.ErrorDetail`` messages a Fabric gateway attaches to its status
+    (``grpc-status-details-bin``: a google.rpc.Status whose field 3 holds Any messages)."""
+    trailers = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    raw = dict(trailers or ()).get("grpc-status-details-bin")
+    if not isinstance(raw, bytes):
+        return []
+    messages = []
+    for number, _, value in _fields(raw):
+        if number != 3 or not isinstance(value, bytes):
+            continue
+        parts = {n: v for n, _, v in _fields(value) if isinstance(v, bytes)}
+        if parts.get(1, b"").decode("utf-8", "replace").endswith("gateway.ErrorDetail"):
+            detail = gateway_pb2.ErrorDetail.FromString(parts.get(2, b""))
+            messages.append(detail.message)
+    return messages
+
+
+def _result_of(envelope: Any) -> bytes:
+    """The chaincode's response payload inside a prepared transaction."""
+    from fabric_protos.peer import proposal_response_pb2
+
+    payload = common_pb2.Payload.FromString(envelope.payload)
+    transaction = transaction_pb2.Transaction.FromString(payload.data)
+    action = transaction_pb2.ChaincodeActionPayload.FromString(
+        transaction.actions[0].payload)
+    prp = proposal_response_pb2.ProposalResponsePayload.FromString(
+        action.action.proposal_response_payload)
+    chaincode_action = proposal_pb2.ChaincodeAction.FromString(prp.extension)
+    return bytes(chaincode_action.response.payload)
+
+
+class FabricAnchor:
+    """Anchors checkpoints through the chaincode and records where (tx id, block)."""
+
+    kind = "fabric"
+
+    def __init__(self, ledger: SqlLedger, gateway: FabricGateway, verifier: NoteVerifier,
+                 origin: str) -> None:
+        self.ledger, self.gateway, self.verifier, self.origin = ledger, gateway, verifier, origin
+
+    def register(self) -> None:
+        self.gateway.submit("InitLog", self.origin, self.verifier.encode())
+
+    def latest_on_chain(self) -> dict[str, Any] | None:
+        try:
+            return dict(json.loads(self.gateway.evaluate("GetLatest", self.origin)))
+        except ChaincodeRefusedError as exc:
+            if exc.code == "NOT_FOUND":
+                return None
+            raise
+
+    def latest_size(self) -> int:
+        latest = self.latest_on_chain()
+        return int(latest["size"]) if latest else 0
+
+    def checkpoint(self, size: int) -> dict[str, Any]:
+        return dict(json.loads(self.gateway.evaluate("GetCheckpoint", self.origin, str(size))))
+
+    def anchor(self, note: bytes) -> str:
+        offered = self.verifier.open_checkpoint(note, self.origin)
+        latest = self.latest_on_chain()
+        since = int(latest["size"]) if latest else 0
+        proof = (self.ledger.consistency_proof(since, offered.size)
+                 if latest and offered.size > since else [])
+        tx_id, block, _ = self.gateway.submit("AnchorCheckpoint", note.decode(),
+                                              json.dumps([h.hex() for h in proof]))
+        ref = f"fabric:{self.gateway.channel}:{tx_id}:{block}"
+        now = datetime.now(UTC).replace(tzinfo=None)
+        with self.ledger.engine.begin() as conn:
+            conn.execute(insert(anchors).values(size=offered.size, note=note, kind=self.kind,
+                                                ref=ref, anchored_at=now))
+        self.ledger.set_anchor(offered.size, ref, since=since)
+        return ref

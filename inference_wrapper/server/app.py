@@ -13,6 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -23,6 +24,7 @@ from inference_wrapper.server.problems import Problem
 from inference_wrapper.server.settings import Settings
 from inference_wrapper.server.tracing import PhaseTracer
 from ledger.anchor.local import LocalAnchor
+from ledger.anchor.worker import AnchorWorker
 from ledger.checkpoint import NoteSigner
 from ledger.store.apikeys import ApiKeyStore
 from ledger.store.integrator import Integrator
@@ -41,6 +43,7 @@ INTEGRATOR = web.AppKey("integrator", Integrator)
 BATCHER = web.AppKey("batcher", Batcher)
 METRICS = web.AppKey("metrics", Metrics)
 TRACER = web.AppKey("tracer", PhaseTracer)
+ANCHOR_WORKER = web.AppKey("anchor_worker", AnchorWorker)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -85,12 +88,49 @@ async def ledger_context(app: web.Application) -> AsyncIterator[None]:
 
 async def integrator_context(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    anchor = LocalAnchor(app[LEDGER], app[SIGNER].verifier(), settings.origin)
     integrator = Integrator(app[LEDGER], app[SIGNER], settings.origin,
-                            interval_s=settings.checkpoint_interval_s, anchor=anchor).start()
+                            interval_s=settings.checkpoint_interval_s).start()
     app[INTEGRATOR] = integrator
     yield
     await asyncio.to_thread(integrator.stop)
+
+
+def make_anchor(settings: Settings, ledger: SqlLedger, signer: NoteSigner) -> Any:
+    """The local anchor, or the Fabric anchor when a gateway endpoint is configured."""
+    verifier = signer.verifier()
+    if not settings.fabric_gateway_endpoint:
+        return LocalAnchor(ledger, verifier, settings.origin)
+    from pathlib import Path
+
+    from ledger.anchor.fabric import FabricAnchor, FabricGateway, Identity
+
+    identity = Identity.from_files(settings.fabric_mspid, Path(settings.fabric_cert_path),
+                                   Path(settings.fabric_key_path))
+    gateway = FabricGateway(settings.fabric_gateway_endpoint, identity,
+                            settings.fabric_channel, settings.fabric_chaincode,
+                            tls_ca=Path(settings.fabric_tls_ca_path)
+                            if settings.fabric_tls_ca_path else None)
+    anchor = FabricAnchor(ledger, gateway, verifier, settings.origin)
+    anchor.register()  # idempotent: the chaincode accepts the same key again
+    return anchor
+
+
+async def anchor_context(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    anchor = await asyncio.to_thread(make_anchor, settings, app[LEDGER], app[SIGNER])
+    worker = AnchorWorker(app[LEDGER], anchor, interval_s=settings.anchor_interval_s,
+                          lag_slo_s=settings.anchor_lag_slo_s,
+                          policy=settings.anchor_slo_policy).start()
+    app[ANCHOR_WORKER] = worker
+    metrics = app[METRICS]
+    metrics.anchor_lag.set_function(lambda: worker.status().lag_s)
+    metrics.anchor_backlog.set_function(lambda: float(worker.status().backlog))
+    yield
+    await asyncio.to_thread(worker.stop)
+    try:  # anchor what the final seal produced, if the anchor is reachable
+        await asyncio.to_thread(worker.run_once)
+    except Exception:
+        log.warning("could not anchor the last checkpoint at shutdown; it stays pending")
 
 
 async def batcher_context(app: web.Application) -> AsyncIterator[None]:
@@ -122,6 +162,7 @@ def create_app(settings: Settings, generator: AuditedGenerator) -> web.Applicati
     app[GENERATOR] = generator
     app[METRICS] = Metrics()
     app[TRACER] = PhaseTracer(settings.otel_exporter)
-    app.cleanup_ctx.extend([ledger_context, integrator_context, batcher_context])
+    app.cleanup_ctx.extend([ledger_context, integrator_context, anchor_context,
+                            batcher_context])
     app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])
     return app

@@ -67,6 +67,12 @@ class Metrics:
         self.checkpoint_lag = Gauge("audit_checkpoint_lag_entries",
                                     "log entries not yet covered by a checkpoint",
                                     registry=self.registry)
+        self.anchor_lag = Gauge("audit_anchor_lag_seconds",
+                                "age of the oldest sealed checkpoint not yet anchored",
+                                registry=self.registry)
+        self.anchor_backlog = Gauge("audit_anchor_backlog_checkpoints",
+                                    "sealed checkpoints not yet anchored",
+                                    registry=self.registry)
         self.registry.register(GpuCollector())
 
     def observe(self, name: str, value: float) -> None:

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from inference_wrapper.batcher import Answer, QueueFullError, ShuttingDownError
 from inference_wrapper.params import GenerationParams
 from inference_wrapper.server.app import (
+    ANCHOR_WORKER,
     BATCHER,
     GENERATOR,
     INTEGRATOR,
@@ -105,6 +106,9 @@ def receipt_headers(answer: Answer) -> dict[str, str]:
 async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
                            params: GenerationParams, started: float) -> Answer:
     generator = request.app[GENERATOR]
+    if not request.app[ANCHOR_WORKER].serving_allowed:
+        raise Problem(503, "Service Unavailable", "anchoring lags beyond its SLO and the "
+                      "policy is fail-closed", headers={"Retry-After": "5"})
     try:
         prepared = generator.prepare(prompt, params, tenant=key.tenant, started=started)
     except InvalidInputError as exc:
@@ -398,6 +402,9 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     checks = {"model_loaded": request.app[GENERATOR].loaded.model is not None}
+    status = await asyncio.to_thread(request.app[ANCHOR_WORKER].status)
+    checks["anchoring_within_slo"] = (not status.slo_breached
+                                      or request.app[ANCHOR_WORKER].policy == "keep-serving")
     try:
         await asyncio.to_thread(request.app[LEDGER].tree_head)
         checks["ledger_reachable"] = True

@@ -23,6 +23,17 @@ class Settings:
     max_body_bytes: int = 64 * 1024
     checkpoint_interval_s: float = 1.0
     otel_exporter: str = "none"  # "none" or "console"
+    anchor_interval_s: float = 1.0
+    anchor_lag_slo_s: float = 10.0
+    anchor_slo_policy: str = "keep-serving"  # or "fail-closed"
+    # Fabric anchoring: on when an endpoint is set (local anchoring otherwise).
+    fabric_gateway_endpoint: str = ""
+    fabric_mspid: str = ""
+    fabric_cert_path: str = ""
+    fabric_key_path: str = ""
+    fabric_tls_ca_path: str = ""
+    fabric_channel: str = "auditchannel"
+    fabric_chaincode: str = "anchor"
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:

@@ -95,19 +95,11 @@ def lease_for(ledger: SqlLedger) -> Lease:
     return FileLease(Path(f"{database}.integrator.lock"))
 
 
-class Anchor(Protocol):
-    def anchor(self, note: bytes) -> object: ...
-    def latest_size(self) -> int: ...
-
-
 class Integrator:
-    """Seals a checkpoint every ``interval_s`` while it holds the lease, and on demand;
-    then hands the newest checkpoint to the anchor (if any)."""
+    """Seals a checkpoint every ``interval_s`` while it holds the lease, and on demand."""
 
     def __init__(self, ledger: SqlLedger, signer: NoteSigner, origin: str,
-                 interval_s: float = 1.0, lease: Lease | None = None,
-                 anchor: Anchor | None = None) -> None:
-        self.anchor = anchor
+                 interval_s: float = 1.0, lease: Lease | None = None) -> None:
         self.ledger = ledger
         self.signer = signer
         self.origin = origin
@@ -124,14 +116,7 @@ class Integrator:
         """Seal the current head if this replica holds the lease and the tree grew."""
         if not self.lease.try_acquire():
             return None
-        sealed = self.ledger.seal_checkpoint(self.signer, self.origin)
-        if self.anchor is not None:
-            # The newest checkpoint is enough: it is consistent with every earlier one.
-            # Checked every time, so an anchoring failure is retried on the next tick.
-            newest = sealed or self.ledger.latest_checkpoint()
-            if newest is not None and newest.size > self.anchor.latest_size():
-                self.anchor.anchor(newest.note)
-        return sealed
+        return self.ledger.seal_checkpoint(self.signer, self.origin)
 
     def start(self) -> Integrator:
         self._thread = threading.Thread(target=self._loop, name="integrator", daemon=True)

@@ -411,6 +411,16 @@ class SqlLedger:
             for row in conn.execute(select(checkpoints).order_by(checkpoints.c.size)):
                 yield _checkpoint(row)
 
+    def checkpoints_after(self, size: int) -> tuple[int, datetime | None, int]:
+        """(how many checkpoints are larger than ``size``, the oldest one's seal time,
+        the largest size) in one aggregate query."""
+        with self.engine.connect() as conn:
+            count, oldest, newest = conn.execute(
+                select(func.count(), func.min(checkpoints.c.sealed_at),
+                       func.max(checkpoints.c.size)).where(checkpoints.c.size > size)
+            ).one()
+        return int(count), oldest, int(newest) if newest is not None else size
+
     def set_anchor(self, size: int, anchor_ref: str, since: int = 0) -> int:
         """Record where checkpoint ``size`` was anchored on every row it covers."""
         with self._writer_engine.begin() as conn:

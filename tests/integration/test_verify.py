@@ -15,7 +15,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import create_engine, delete, insert, update
 
 from audit_cli.main import main
-from inference_wrapper.server.app import KEYS, LEDGER, SETTINGS, SIGNER, create_app
+from inference_wrapper.server.app import (
+    ANCHOR_WORKER,
+    KEYS,
+    LEDGER,
+    SETTINGS,
+    SIGNER,
+    create_app,
+)
 from inference_wrapper.server.settings import Settings
 from ledger.checkpoint import Checkpoint, NoteSigner
 from ledger.store.schema import records
@@ -39,12 +46,9 @@ class Service:
         return dict(await response.json())
 
     def seal(self) -> None:
-        ledger, app = self.app[LEDGER], self.app
-        ledger.seal_checkpoint(app[SIGNER], app[SETTINGS].origin)
-        from ledger.anchor.local import LocalAnchor
-
-        anchor = LocalAnchor(ledger, app[SIGNER].verifier(), app[SETTINGS].origin)
-        anchor.anchor(ledger.latest_checkpoint().note)  # type: ignore[union-attr]
+        app = self.app
+        app[LEDGER].seal_checkpoint(app[SIGNER], app[SETTINGS].origin)
+        app[ANCHOR_WORKER].run_once()
 
 
 @pytest.fixture()
@@ -53,7 +57,7 @@ async def service(aiohttp_client: Any, tmp_path: Path, tiny_generator: Any,
     monkeypatch.setenv("AUDIT_LEDGER_HOME", str(tmp_path / "home"))
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'ledger.db'}",
                         log_key_path=tmp_path / "log.key", max_wait_ms=5.0,
-                        checkpoint_interval_s=3600)
+                        checkpoint_interval_s=3600, anchor_interval_s=3600)
     app = create_app(settings, tiny_generator)
     client = await aiohttp_client(app)
     token = app[KEYS].create("bank-a", "client")[0]

@@ -29,6 +29,14 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="re-run the model named by the record and compare (needs torch)")
     parser.add_argument("--model-dir", type=Path, help="model directory for --replay")
     parser.add_argument("--model-manifest", type=Path)
+    fabric = parser.add_argument_group("check the anchor on a Fabric channel")
+    fabric.add_argument("--fabric-endpoint", help="a peer's Gateway, host:port")
+    fabric.add_argument("--fabric-mspid")
+    fabric.add_argument("--fabric-cert", type=Path, help="enrolment certificate (PEM)")
+    fabric.add_argument("--fabric-key", type=Path, help="its private key (PEM)")
+    fabric.add_argument("--fabric-tls-ca", type=Path)
+    fabric.add_argument("--fabric-channel", default="auditchannel")
+    fabric.add_argument("--fabric-chaincode", default="anchor")
     parser.add_argument("--state", type=Path, help="this verifier's state file")
     parser.add_argument("--no-state", action="store_true",
                         help="neither read nor advance the state file")
@@ -92,19 +100,55 @@ def run(args: argparse.Namespace) -> int:
     if not args.record_id:
         raise InvalidInputError("record_id", "is required unless verifying a bundle")
     source = open_source(args)
+    reader, gateway = _fabric_reader(args, origin)
     try:
         from ledger.client.sources import gather
 
-        evidence = gather(source, args.record_id, seen)
+        evidence = gather(source, args.record_id, seen, reader)
+        if gateway is not None and evidence.anchor_ref:
+            evidence = _with_block(evidence, source)
     finally:
         if hasattr(source, "ledger"):
             source.ledger.close()
+        if gateway is not None:
+            gateway.close()
     verdict = verify_record(evidence, verifier, origin, seen_note=seen, disclosure=disclosure)
     _replay_check(verdict, args, prompt)
     _report([verdict], args)
     if verdict.ok and not args.no_state and verdict.checkpoint is not None:
         _advance(state_path, seen, evidence.checkpoint_note, verdict, save_seen)
     return 0 if verdict.ok else 1
+
+
+def _fabric_reader(args: argparse.Namespace, origin: str) -> tuple[Any, Any]:
+    if not args.fabric_endpoint:
+        return None, None
+    if not (args.fabric_mspid and args.fabric_cert and args.fabric_key):
+        raise InvalidInputError("--fabric-mspid", "--fabric-mspid, --fabric-cert and "
+                                "--fabric-key are needed with --fabric-endpoint")
+    from ledger.anchor.fabric import FabricGateway, Identity
+    from ledger.client.fabric_reader import FabricAnchorReader
+
+    gateway = FabricGateway(args.fabric_endpoint,
+                            Identity.from_files(args.fabric_mspid, args.fabric_cert,
+                                                args.fabric_key),
+                            args.fabric_channel, args.fabric_chaincode,
+                            tls_ca=args.fabric_tls_ca)
+    return FabricAnchorReader(gateway, origin), gateway
+
+
+def _with_block(evidence: Any, source: Any) -> Any:
+    """Add the block number the service recorded for the same Fabric transaction."""
+    from dataclasses import replace
+
+    try:
+        recorded = source.anchored()
+    except Exception:
+        return evidence
+    if recorded and recorded[1].startswith(str(evidence.anchor_ref) + ":"):
+        block = recorded[1].rsplit(":", 1)[1]
+        return replace(evidence, anchor_ref=f"{evidence.anchor_ref} block {block}")
+    return evidence
 
 
 def _advance(path: Path, seen: bytes | None, note: bytes, verdict: Verdict, save: Any) -> None:

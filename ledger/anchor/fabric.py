@@ -168,16 +168,19 @@ class FabricGateway:
         self._call(self._stub.Submit, gateway_pb2.SubmitRequest(
             transaction_id=tx_id, channel_id=self.channel, prepared_transaction=envelope),
             self.timeout_s)
-        status_request = gateway_pb2.CommitStatusRequest(
+        code, block = self.commit_status(tx_id)
+        if code != "VALID":
+            raise InvalidTransactionError(tx_id, code, block)
+        return tx_id, block, _result_of(envelope)
+
+    def commit_status(self, tx_id: str) -> tuple[str, int]:
+        """Wait until ``tx_id`` commits; its validation code name and block number."""
+        request = gateway_pb2.CommitStatusRequest(
             transaction_id=tx_id, channel_id=self.channel,
             identity=self.identity.serialized()).SerializeToString()
         status = self._call(self._stub.CommitStatus, gateway_pb2.SignedCommitStatusRequest(
-            request=status_request, signature=self.identity.sign(status_request)),
-            self.commit_timeout_s)
-        code = transaction_pb2.TxValidationCode.Name(status.result)
-        if code != "VALID":
-            raise InvalidTransactionError(tx_id, code, int(status.block_number))
-        return tx_id, int(status.block_number), _result_of(envelope)
+            request=request, signature=self.identity.sign(request)), self.commit_timeout_s)
+        return transaction_pb2.TxValidationCode.Name(status.result), int(status.block_number)
 
 
 def _fields(data: bytes) -> list[tuple[int, int, bytes | int]]:

@@ -10,6 +10,7 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -44,13 +45,18 @@ def checkpoint_size(note: bytes) -> int:
     return Checkpoint.parse_body(note[: split + 1]).size
 
 
-def gather(source: EvidenceSource, record_id: str, seen_note: bytes | None) -> Evidence:
+def gather(source: EvidenceSource, record_id: str, seen_note: bytes | None,
+           anchor_reader: Callable[[], tuple[bytes, str] | None] | None = None) -> Evidence:
     """Fetch one record's evidence: bytes, inclusion proof, checkpoint, anchor and the
-    consistency proofs that link the checkpoint to the anchor and to ``seen_note``."""
+    consistency proofs that link the checkpoint to the anchor and to ``seen_note``.
+
+    ``anchor_reader`` reads the anchored checkpoint from the anchor itself (the Fabric
+    channel) instead of trusting the source's word for it.
+    """
     record = source.record(record_id)
     proof, note = source.inclusion(record)
     size = checkpoint_size(note)
-    anchored = source.anchored()
+    anchored = anchor_reader() if anchor_reader is not None else source.anchored()
     anchor_consistency: list[bytes] = []
     if anchored is not None:
         anchored_size = checkpoint_size(anchored[0])

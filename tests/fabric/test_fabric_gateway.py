@@ -147,3 +147,26 @@ def test_unknown_channel_is_unavailable(peer: PeerDouble, client_identity: Ident
     gateway = FabricGateway(peer.endpoint, client_identity, "nochannel", "anchor")
     with pytest.raises(BackendUnavailableError):
         gateway.evaluate("GetLatest", ORIGIN)
+
+
+def test_official_node_client_drives_the_double(peer: PeerDouble, client_identity: Identity,
+                                                tmp_path: Path) -> None:
+    """Faithfulness: the official @hyperledger/fabric-gateway client accepts the double."""
+    import subprocess
+
+    here = Path(__file__).parent / "node-client"
+    assert (here / "node_modules").is_dir(), "run scripts/setup.sh"
+    signer = NoteSigner(ORIGIN, Ed25519PrivateKey.generate())
+    note = signer.sign_checkpoint(Checkpoint(ORIGIN, 1, merkle.hash_leaf(b"node")))
+    proc = subprocess.run(
+        ["node", str(here / "drive.js"), peer.endpoint, "Org1MSP",
+         str(tmp_path / "client-cert.pem"), str(tmp_path / "client-key.pem"), "auditchannel",
+         "anchor", ORIGIN, signer.verifier().encode(), note.decode()],
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["init"]["origin"] == ORIGIN
+    assert out["anchor"]["valid"] is True and out["anchor"]["code"] == 0
+    assert out["latest"]["size"] == 1 and out["latest"]["txId"] == out["anchor"]["txId"]
+    assert out["refusal"]["name"] == "EndorseError" and out["refusal"]["code"] == 10  # ABORTED
+    assert any("MALFORMED" in d for d in out["refusal"]["details"])

@@ -6,13 +6,6 @@ generates requests from /openapi.json, valid and invalid, with a client key.
 
 from __future__ import annotations
 
-import os
-import re
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,40 +15,15 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 from inference_wrapper.server.routes import openapi_document
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.live_service import start_service
 
 
 @pytest.fixture(scope="module")
 def live_service(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
                  ) -> Iterator[tuple[str, str]]:
-    home = tmp_path_factory.mktemp("svc")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "audit_cli.main", "serve", "--port", str(port),
-         "--db", f"sqlite:///{home / 'ledger.db'}", "--model-dir", str(tiny_model_dir),
-         "--model-manifest", str(tiny_model_dir.parent / "tiny-llama.manifest.json")],
-        cwd=ROOT, env=dict(os.environ, AUDIT_LEDGER_HOME=str(home), PYTHONUNBUFFERED="1"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    token = ""
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        match = re.search(r"client\s+\(tenant default\): (\S+)", line)
-        token = match.group(1) if match else token
-        if line.startswith("serving"):
-            break
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            urllib.request.urlopen(f"{base}/readyz", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield base, token
-    proc.terminate()
-    proc.wait(timeout=60)
+    service = start_service(tmp_path_factory.mktemp("svc"), tiny_model_dir)
+    yield service.base_url, service.client_token
+    service.stop()
 
 
 def test_no_input_gives_a_server_error(live_service: tuple[str, str]) -> None:

@@ -104,6 +104,9 @@ def _crash_rounds(url: str, key: Path, rounds: int) -> None:
             assert not lost, f"{len(lost)} acknowledged appends lost or moved"
             report = fsck(ledger, verifier)
             assert report.ok, report.findings[:3]
+            # The restarted service seals first (the writer may have died before its
+            # integrator's first tick); every earlier checkpoint must be a prefix.
+            ledger.seal_checkpoint(signer, ORIGIN)
             latest = ledger.latest_checkpoint()
             assert latest is not None
             for old_size, old_root in seen_checkpoints:

@@ -8,6 +8,7 @@ from pathlib import Path
 from audit_cli.evidence import add_key_option, pinned_verifier
 from audit_cli.filters import progress_printer
 from audit_cli.options import print_json
+from ledger.checkpoint import NoteVerifier
 from ledger.errors import InvalidInputError
 
 
@@ -32,7 +33,7 @@ def _settings(args: argparse.Namespace) -> tuple[str, Path]:
     return args.db or settings.database_url, args.key_file or settings.log_key_path
 
 
-def _verifier(args: argparse.Namespace, key_file: Path):  # type: ignore[no-untyped-def]
+def _verifier(args: argparse.Namespace, key_file: Path) -> NoteVerifier:
     if args.log_key:
         return pinned_verifier(args)
     from ledger.store.keys import decode_signer_key

@@ -33,6 +33,10 @@ CHECK_NAMES = {
 }
 
 
+class AnchorMissingError(LedgerError):
+    """No anchored checkpoint exists for the log."""
+
+
 @dataclass(frozen=True)
 class Evidence:
     """Everything needed to verify one record against one checkpoint."""
@@ -207,10 +211,6 @@ def verify_record(
     else:
         verdict.add(5, None, "; ".join(notes) or "no prompt or output given")
     return verdict
-
-
-class AnchorMissingError(LedgerError):
-    """No anchored checkpoint exists for the log."""
 
 
 def _note_body(note: bytes) -> bytes:

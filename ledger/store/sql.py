@@ -30,7 +30,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import OperationalError
 
 from ledger import merkle
 from ledger.checkpoint import Checkpoint, NoteSigner
@@ -579,5 +579,3 @@ def decode_cursor(cursor: str) -> int:
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInputError("cursor", "is not a cursor this service issued") from exc
 
-
-__all__ = ["Receipt", "RecordRow", "SqlLedger", "StoredCheckpoint", "SQLAlchemyError"]

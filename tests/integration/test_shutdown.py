@@ -4,8 +4,8 @@ their records committed before the process exits."""
 from __future__ import annotations
 
 import asyncio
-import time
 import signal
+import time
 from pathlib import Path
 
 import aiohttp

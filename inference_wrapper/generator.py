@@ -205,6 +205,7 @@ class AuditedGenerator:
         rows = len(batch.requests)
         padded_length = len(batch.input_ids[0])
         batch_id = uuid.uuid4().hex  # lets an auditor regroup the records of one generate
+        generation = batch.params.to_dict()
         results = []
         for row, request in enumerate(batch.requests):
             mask = batch.attention_mask[row]
@@ -229,7 +230,7 @@ class AuditedGenerator:
                 output_token_count=len(batch.output_ids[row]),
                 output_commitment=commit_text(request.output_salt, text),
                 finish_reason=batch.finish_reasons[row],
-                generation=batch.params.to_dict(),
+                generation=generation,
                 batch={
                     "id": batch_id,
                     "size": rows,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ledger.digest import sha256_digest
@@ -40,7 +40,13 @@ class DataFingerprint:
     schema: str = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Built by hand: dataclasses.asdict deep-copies every value, and this runs for
+        # every request.
+        result = {f.name: getattr(self, f.name) for f in fields(self)}
+        result["attention_mask"] = {
+            f.name: getattr(self.attention_mask, f.name) for f in fields(self.attention_mask)
+        }
+        return result
 
 
 def token_ids_digest(ids: list[int]) -> str:

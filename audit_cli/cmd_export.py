@@ -17,8 +17,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ledger.checkpoint import Checkpoint
     from ledger.client.exporter import export_from_db, export_from_server
-    from ledger.client.sources import checkpoint_size
 
     if bool(args.server) == bool(args.db):
         raise InvalidInputError("source", "give exactly one of --server, --db")
@@ -33,5 +33,5 @@ def run(args: argparse.Namespace) -> int:
                                     progress=progress)
     args.bundle.write_text(bundle.dumps())
     print(f"wrote {len(bundle.entries)} records to {args.bundle} "
-          f"(checkpoint size {checkpoint_size(bundle.checkpoint)})")
+          f"(checkpoint size {Checkpoint.peek(bundle.checkpoint).size})")
     return 0

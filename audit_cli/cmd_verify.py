@@ -12,6 +12,7 @@ from typing import Any
 
 from audit_cli.evidence import add_key_option, add_source_options, open_source, pinned_verifier
 from audit_cli.options import print_json
+from ledger.checkpoint import Checkpoint
 from ledger.errors import InvalidInputError
 from ledger.verify import Check, Disclosure, Verdict, verify_record
 
@@ -85,7 +86,7 @@ def _replay_check(verdict: Verdict, args: argparse.Namespace, prompt: str | None
 
 
 def run(args: argparse.Namespace) -> int:
-    from ledger.client.state import default_state_path, load_seen, save_seen
+    from ledger.client.state import default_state_path, load_seen
 
     verifier = pinned_verifier(args)
     origin = verifier.name
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     _replay_check(verdict, args, prompt)
     _report([verdict], args)
     if verdict.ok and not args.no_state and verdict.checkpoint is not None:
-        _advance(state_path, seen, evidence.checkpoint_note, verdict, save_seen)
+        _advance(state_path, seen, evidence.checkpoint_note, verdict)
     return 0 if verdict.ok else 1
 
 
@@ -151,24 +152,23 @@ def _with_block(evidence: Any, source: Any) -> Any:
     return evidence
 
 
-def _advance(path: Path, seen: bytes | None, note: bytes, verdict: Verdict, save: Any) -> None:
-    from ledger.client.sources import checkpoint_size
+def _advance(path: Path, seen: bytes | None, note: bytes, verdict: Verdict) -> None:
+    """Remember the newly verified checkpoint if it is larger than the one seen before."""
+    from ledger.client.state import save_seen
 
     assert verdict.checkpoint is not None
-    if seen is None or verdict.checkpoint.size > checkpoint_size(seen):
-        save(path, note)
+    if seen is None or verdict.checkpoint.size > Checkpoint.peek(seen).size:
+        save_seen(path, note)
 
 
 def _verify_bundle(args: argparse.Namespace, verifier: Any, origin: str,
                    disclosure: Disclosure, seen: bytes | None, prompt: str | None) -> int:
     from ledger.bundle import Bundle
-    from ledger.client.sources import checkpoint_size
-
     bundle = Bundle.loads(args.bundle.read_bytes())
     # Offline there is no proof between the remembered checkpoint and the bundle's, so
     # the state can only be compared at equal sizes (where a split view shows).
-    comparable = seen if seen is not None and checkpoint_size(seen) == checkpoint_size(
-        bundle.checkpoint) else None
+    comparable = seen if seen is not None and Checkpoint.peek(seen).size == Checkpoint.peek(
+        bundle.checkpoint).size else None
     verdicts = []
     for evidence in bundle.evidence(args.record_id):
         verdict = verify_record(evidence, verifier, origin, seen_note=comparable,

@@ -77,6 +77,13 @@ class Checkpoint:
         return ("\n".join(lines) + "\n").encode("utf-8")
 
     @classmethod
+    def peek(cls, note: bytes) -> Checkpoint:
+        """The checkpoint inside a signed note, signature NOT checked: for sizing and
+        routing only; trust comes from ``NoteVerifier.open_checkpoint``."""
+        split = note.rfind(b"\n\n")
+        return cls.parse_body(note[: split + 1] if split >= 0 else note)
+
+    @classmethod
     def parse_body(cls, body: bytes) -> Checkpoint:
         try:
             text = body.decode("utf-8")

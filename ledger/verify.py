@@ -144,7 +144,7 @@ def verify_record(
 
     # Check 2: inclusion in the checkpoint (read unsigned here, signature is check 3).
     try:
-        claimed = Checkpoint.parse_body(_note_body(evidence.checkpoint_note))
+        claimed = Checkpoint.peek(evidence.checkpoint_note)
         merkle.verify_inclusion(leaf, evidence.leaf_index, claimed.size,
                                 evidence.inclusion_proof, claimed.root)
     except LedgerError as exc:
@@ -211,11 +211,6 @@ def verify_record(
     else:
         verdict.add(5, None, "; ".join(notes) or "no prompt or output given")
     return verdict
-
-
-def _note_body(note: bytes) -> bytes:
-    split = note.rfind(b"\n\n")
-    return note[: split + 1] if split >= 0 else note
 
 
 def _skip_rest(verdict: Verdict, start: int) -> Verdict:

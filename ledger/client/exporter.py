@@ -9,7 +9,8 @@ from datetime import datetime
 
 from ledger.anchor.local import LocalAnchor
 from ledger.bundle import Bundle, BundleEntry
-from ledger.client.sources import ServerSource, checkpoint_size
+from ledger.checkpoint import Checkpoint
+from ledger.client.sources import ServerSource
 from ledger.errors import BackendError
 from ledger.store.sql import SqlLedger
 
@@ -82,7 +83,7 @@ def export_from_server(base_url: str, api_key: str, since: datetime | None,
     anchored = server.anchored()
     consistency: list[bytes] = []
     if anchored is not None:
-        low, high = sorted((checkpoint_size(anchored[0]), size))
+        low, high = sorted((Checkpoint.peek(anchored[0]).size, size))
         consistency = server.consistency(low, high) if low < high else []
     return Bundle(key["origin"], key["verifier_key"], note, entries,
                   anchored[0] if anchored else None, anchored[1] if anchored else None,

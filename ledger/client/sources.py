@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ledger.checkpoint import Checkpoint
 from ledger.errors import BackendError, BackendUnavailableError, InvalidInputError
 from ledger.verify import Evidence
 
@@ -38,13 +39,6 @@ class EvidenceSource(Protocol):
     def anchored(self) -> tuple[bytes, str] | None: ...
 
 
-def checkpoint_size(note: bytes) -> int:
-    from ledger.checkpoint import Checkpoint
-
-    split = note.rfind(b"\n\n")
-    return Checkpoint.parse_body(note[: split + 1]).size
-
-
 def gather(source: EvidenceSource, record_id: str, seen_note: bytes | None,
            anchor_reader: Callable[[], tuple[bytes, str] | None] | None = None) -> Evidence:
     """Fetch one record's evidence: bytes, inclusion proof, checkpoint, anchor and the
@@ -55,16 +49,16 @@ def gather(source: EvidenceSource, record_id: str, seen_note: bytes | None,
     """
     record = source.record(record_id)
     proof, note = source.inclusion(record)
-    size = checkpoint_size(note)
+    size = Checkpoint.peek(note).size
     anchored = anchor_reader() if anchor_reader is not None else source.anchored()
     anchor_consistency: list[bytes] = []
     if anchored is not None:
-        anchored_size = checkpoint_size(anchored[0])
+        anchored_size = Checkpoint.peek(anchored[0]).size
         low, high = sorted((anchored_size, size))
         anchor_consistency = source.consistency(low, high) if low < high else []
     seen_consistency: list[bytes] = []
     if seen_note is not None:
-        low, high = sorted((checkpoint_size(seen_note), size))
+        low, high = sorted((Checkpoint.peek(seen_note).size, size))
         seen_consistency = source.consistency(low, high) if low < high else []
     return Evidence(
         record_id=record_id, canonical=record.canonical, leaf_index=record.leaf_index,

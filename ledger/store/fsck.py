@@ -14,7 +14,7 @@ from ledger import merkle
 from ledger.checkpoint import NoteVerifier
 from ledger.errors import LedgerError
 from ledger.record import AuditRecord, mirror_columns
-from ledger.store.sql import SqlLedger, parse_timestamp
+from ledger.store.sql import RecordRow, SqlLedger, parse_timestamp
 
 BATCH = 5000
 
@@ -126,10 +126,7 @@ def fsck(
     return report
 
 
-def _check_row(row: object, leaf: bytes, report: FsckReport) -> None:
-    from ledger.store.sql import RecordRow
-
-    assert isinstance(row, RecordRow)
+def _check_row(row: RecordRow, leaf: bytes, report: FsckReport) -> None:
     where = f"leaf {row.leaf_index} (record {row.record_id})"
     if merkle.hash_leaf(row.canonical) != leaf:
         report.findings.append(Finding("record_altered", where,

@@ -12,16 +12,16 @@ Pure: rows come in as values; fetching them is the caller's business.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from ledger import merkle
+from ledger.canonical import parse_strict
 from ledger.checkpoint import Checkpoint
 from ledger.errors import LedgerError
-from ledger.record import AuditRecord, mirror_columns
+from ledger.record import AuditRecord, mirror_columns, validate_body
 
 # Finding kinds (stable names, listed in the README):
 COLUMN_MISMATCH = "column_mismatch"  # a typed column disagrees with the record's bytes
@@ -87,18 +87,38 @@ def _show(value: Any) -> str | None:
     return str(value)
 
 
+def open_record(canonical: bytes, *, strict: bool = False) -> AuditRecord:
+    """The record in a row's bytes, for recomputing its columns.
+
+    ``strict`` also refuses bytes not in canonical form (re-serializing costs several
+    times the rest); without it the bytes must still have exactly one meaning
+    (``parse_strict``), which is all the columns depend on. ``audit`` proves the bytes
+    are the log's by the root rebuild, and the log accepted only canonical records."""
+    if strict:
+        return AuditRecord.from_canonical(canonical)
+    body = parse_strict(canonical)
+    validate_body(body)
+    return AuditRecord(body, canonical, b"")  # the leaf hash is not needed here
+
+
 def column_findings(leaf_index: int, record_id: str, canonical: bytes,
-                    stored: Mapping[str, Any], *, all_columns: bool = True
-                    ) -> list[AuditFinding]:
+                    stored: Mapping[str, Any], *, all_columns: bool = True,
+                    strict: bool = False) -> list[AuditFinding]:
     """Every typed column of one row recomputed from its bytes; one finding per column
     that disagrees (``stored`` maps column names to the row's values). With
     ``all_columns`` False only the columns present in ``stored`` are compared."""
-    where = f"leaf {leaf_index} (record {record_id})"
     try:
-        record = AuditRecord.from_canonical(canonical)
+        record = open_record(canonical, strict=strict)
     except LedgerError as exc:
-        return [AuditFinding(RECORD_UNPARSEABLE, f"{where}: stored bytes are not a record: "
-                             f"{exc}", leaf_index, record_id)]
+        return [AuditFinding(RECORD_UNPARSEABLE, f"leaf {leaf_index} (record {record_id}): "
+                             f"stored bytes are not a record: {exc}", leaf_index, record_id)]
+    return compare_columns(leaf_index, record_id, record, stored, all_columns=all_columns)
+
+
+def compare_columns(leaf_index: int, record_id: str, record: AuditRecord,
+                    stored: Mapping[str, Any], *, all_columns: bool = True
+                    ) -> list[AuditFinding]:
+    where = f"leaf {leaf_index} (record {record_id})"
     findings = []
     for name, said in mirror_columns(record).items():
         if not all_columns and name not in stored:
@@ -118,16 +138,21 @@ def column_findings(leaf_index: int, record_id: str, canonical: bytes,
     return findings
 
 
-def _row_findings(row: MirrorRow) -> list[AuditFinding]:
+def _check_row(row: MirrorRow, report: AuditReport) -> datetime | None:
+    """Compare the row's columns with its bytes; returns the record's own time."""
     stored = dict(row.columns or {}, record_id=row.record_id, created_at=row.created_at)
-    return column_findings(row.leaf_index, row.record_id, row.canonical, stored,
-                           all_columns=row.columns is not None)
-
-
-def _record_time(canonical: bytes) -> datetime | None:
     try:
-        return naive_utc(json.loads(canonical)["created_at"])
-    except (ValueError, KeyError, TypeError):
+        record = open_record(row.canonical)
+    except LedgerError as exc:
+        report.findings.append(AuditFinding(
+            RECORD_UNPARSEABLE, f"leaf {row.leaf_index} (record {row.record_id}): stored "
+            f"bytes are not a record: {exc}", row.leaf_index, row.record_id))
+        return None
+    report.findings.extend(compare_columns(row.leaf_index, row.record_id, record, stored,
+                                           all_columns=row.columns is not None))
+    try:
+        return naive_utc(record.created_at)
+    except ValueError:
         return None
 
 
@@ -148,7 +173,7 @@ def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: dateti
         report.rows_checked += 1
         # Columns are checked on every row, covered or not: they must say what the
         # bytes say whether or not a checkpoint vouches for the bytes yet.
-        report.findings.extend(_row_findings(row))
+        moment = _check_row(row, report)
         if row.leaf_index >= checkpoint.size:
             if since <= row.created_at < until:
                 report.uncovered += 1
@@ -160,7 +185,6 @@ def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: dateti
             return report
         compact.append(merkle.hash_leaf(row.canonical))
         expected += 1
-        moment = _record_time(row.canonical)
         if moment is not None and since <= moment < until:
             report.in_range += 1
     if expected < checkpoint.size:

@@ -306,6 +306,7 @@ def _check_row(row: RecordRow, leaf: bytes, report: FsckReport) -> None:
         return
     stored = dict(row.columns, record_id=row.record_id, tenant=row.tenant,
                   created_at=row.created_at)
-    for found in column_findings(row.leaf_index, row.record_id, row.canonical, stored):
+    for found in column_findings(row.leaf_index, row.record_id, row.canonical, stored,
+                                 strict=True):
         report.findings.append(Finding(found.kind, where,
                                        found.message.removeprefix(f"{where}: ")))

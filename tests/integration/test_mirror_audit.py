@@ -215,6 +215,20 @@ def test_anchor_ref_on_a_row_no_anchor_covers_is_named(log: str, signer: NoteSig
     assert _fsck(log, signer) == [("anchor_ref_mismatch", f"leaf 31 (record {row.record_id})")]
 
 
+def test_rows_restamped_by_a_fabric_anchor_are_accepted(log: str, signer: NoteSigner) -> None:
+    # Anchoring moved onto Fabric at size 30: the channel knew no earlier anchor, so the
+    # first Fabric anchor stamped every row up to 30 (FabricAnchor.anchor, since=0).
+    ref = "fabric:auditchannel:tx1:7"
+    _execute(log, update(anchors).where(anchors.c.size == 30).values(kind="fabric", ref=ref))
+    with SqlLedger(log) as ledger:
+        assert ledger.set_anchor(30, ref, since=0) == 30
+    assert _fsck(log, signer) == []
+    # ... but a Fabric anchor that does not cover the row is still a mismatch.
+    _execute(log, update(records).where(records.c.leaf_index == 31).values(anchor_ref=ref))
+    row = _row(log, 31)
+    assert _fsck(log, signer) == [("anchor_ref_mismatch", f"leaf 31 (record {row.record_id})")]
+
+
 def test_edited_checkpoint_size_is_named(log: str, signer: NoteSigner) -> None:
     row = _row(log, 3)
     _execute(log, update(records).where(records.c.leaf_index == 3).values(checkpoint_size=30))

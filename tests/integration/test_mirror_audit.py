@@ -169,6 +169,12 @@ def test_anchor_of_a_forged_root_is_named(log: str, signer: NoteSigner) -> None:
                                   ("anchor_root_mismatch", "anchor 20 (local:20)")]
 
 
+def test_anchor_dated_before_a_smaller_one_is_named(log: str, signer: NoteSigner) -> None:
+    _execute(log, update(anchors).where(anchors.c.size == 20)
+             .values(anchored_at=datetime(2000, 1, 1)))
+    assert _fsck(log, signer) == [("anchor_order", "anchor 20 (local:20)")]
+
+
 def test_anchor_whose_checkpoint_is_gone_is_named(log: str, signer: NoteSigner) -> None:
     _execute(log, delete(checkpoints).where(checkpoints.c.size == 20))
     assert _fsck(log, signer) == [

@@ -119,7 +119,6 @@ def _consistency(args: argparse.Namespace, ledger: Any, verifier: NoteVerifier) 
         raise InvalidInputError("first", f"{first} must be between 0 and {second}")
     old = _signed(ledger, first, verifier, "first")
     new = _signed(ledger, second, verifier, "second")
-    assert new is not None or second == 0
     if old is not None and new is not None and old.origin != new.origin:
         raise CheckpointFormatError(f"checkpoints {first} and {second} are for different "
                                     f"origins ({old.origin!r}, {new.origin!r})")

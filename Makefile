@@ -12,6 +12,7 @@ run: setup
 lint: setup
 	$(VENV)/ruff check ledger inference_wrapper audit_cli tests bench
 	$(VENV)/mypy ledger inference_wrapper audit_cli
+	$(VENV)/lint-imports --no-cache
 
 test: setup lint
 	$(VENV)/python -m pytest

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from audit_cli.extras import require_extra
 from audit_cli.options import print_json
 
 
@@ -12,6 +13,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_extra("serve", "torch", "transformers")  # before anything imports them
     import torch
     import transformers
 

@@ -6,6 +6,7 @@ import argparse
 import base64
 import json
 
+from audit_cli.extras import require_extra
 from audit_cli.options import add_model_options, load_from_options, print_json
 
 
@@ -20,6 +21,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_extra("serve", "torch", "transformers")  # before anything imports them
     from inference_wrapper.generator import AuditedGenerator
     from inference_wrapper.params import GenerationParams
 

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from audit_cli.evidence import add_key_option, pinned_verifier
 from audit_cli.filters import progress_printer
 from audit_cli.options import print_json
-from ledger.checkpoint import NoteVerifier
-from ledger.errors import InvalidInputError
+from ledger.checkpoint import Checkpoint, NoteVerifier
+from ledger.errors import (
+    CheckpointFormatError,
+    InvalidInputError,
+    SignatureError,
+    VerificationError,
+)
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -65,24 +71,7 @@ def run(args: argparse.Namespace) -> int:
                 print(latest.note.decode(), end="")
             return 0
         if args.action == "consistency":
-            from ledger import merkle
-
-            proof = ledger.consistency_proof(args.first, args.second)
-            old, new = ledger.checkpoint(args.first), ledger.checkpoint(args.second)
-            verified = None
-            if old is not None and new is not None:
-                merkle.verify_consistency(args.first, args.second, proof, old.root, new.root)
-                verified = True
-            if args.json:
-                print_json({"from": args.first, "to": args.second,
-                            "proof": [h.hex() for h in proof], "verified": verified})
-            else:
-                for item in proof:
-                    print(item.hex())
-                if verified:
-                    print(f"verified against the checkpoints of size {args.first} and "
-                          f"{args.second}")
-            return 0
+            return _consistency(args, ledger, _verifier(args, key_file))
         from ledger.store.fsck import fsck
 
         report = fsck(ledger, _verifier(args, key_file), progress=progress_printer("checked"))
@@ -90,11 +79,61 @@ def run(args: argparse.Namespace) -> int:
         print_json({"ok": report.ok, "tree_size": report.tree_size,
                     "records_checked": report.records_checked,
                     "checkpoints_checked": report.checkpoints_checked,
+                    "anchors_checked": report.anchors_checked,
                     "findings": [vars(f) for f in report.findings]})
     else:
         print(f"tree size {report.tree_size}, {report.records_checked} records, "
-              f"{report.checkpoints_checked} checkpoints checked")
+              f"{report.checkpoints_checked} checkpoints, {report.anchors_checked} anchors "
+              "checked")
         for finding in report.findings:
             print(f"  {finding}")
         print("OK" if report.ok else f"{len(report.findings)} findings; first: {report.first}")
     return 0 if report.ok else 1
+
+
+def _signed(ledger: Any, size: int, verifier: NoteVerifier, option: str) -> Checkpoint | None:
+    """The signed checkpoint of ``size``, opened with the pinned key: its root, never the
+    root column beside it, is what the proof is checked against."""
+    if size == 0:
+        return None  # every log extends the empty one
+    stored = ledger.checkpoint(size)
+    if stored is None:
+        raise InvalidInputError(option, f"the log has no signed checkpoint of size {size}")
+    try:
+        body = verifier.open_checkpoint(stored.note)
+    except SignatureError as exc:
+        raise SignatureError(f"checkpoint {size}: {exc}") from exc
+    except VerificationError as exc:  # not a signed checkpoint note at all
+        raise CheckpointFormatError(f"checkpoint {size}: {exc}") from exc
+    if body.size != size:
+        raise CheckpointFormatError(f"checkpoint {size}: its signed note is for size "
+                                    f"{body.size}")
+    return body
+
+
+def _consistency(args: argparse.Namespace, ledger: Any, verifier: NoteVerifier) -> int:
+    from ledger import merkle
+
+    first, second = args.first, args.second
+    if not 0 <= first <= second:
+        raise InvalidInputError("first", f"{first} must be between 0 and {second}")
+    old = _signed(ledger, first, verifier, "first")
+    new = _signed(ledger, second, verifier, "second")
+    if old is not None and new is not None and old.origin != new.origin:
+        raise CheckpointFormatError(f"checkpoints {first} and {second} are for different "
+                                    f"origins ({old.origin!r}, {new.origin!r})")
+    proof = ledger.consistency_proof(first, second)
+    if old is not None and new is not None:
+        try:
+            merkle.verify_consistency(first, second, proof, old.root, new.root)
+        except VerificationError as exc:
+            raise VerificationError(f"the signed checkpoints {first} and {second} are not "
+                                    f"consistent: {exc}") from exc
+    if args.json:
+        print_json({"from": first, "to": second, "proof": [h.hex() for h in proof],
+                    "verified": True, "origin": new.origin if new else None})
+    else:
+        for item in proof:
+            print(item.hex())
+        print(f"verified against the signed checkpoints of size {first} and {second}")
+    return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from audit_cli.extras import require_extra
 from audit_cli.options import add_model_options, load_from_options
 
 
@@ -19,6 +20,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_extra("serve", "torch", "transformers", "aiohttp")  # before anything imports them
     from aiohttp import web
 
     from inference_wrapper.generator import AuditedGenerator

@@ -1,28 +1,63 @@
-"""Completeness: the mirror rows in a time range are exactly the log's entries in it.
+"""Completeness and faithfulness of the mirror: the rows an auditor queries are the log.
 
-Every mirror row's canonical bytes are rehashed in leaf order and the root is rebuilt
-up to a signed checkpoint's size: only if it equals the signed root is the mirror the
-log (nothing missing, extra or altered). The time range is then taken from the records'
-own bytes, and compared with what the typed columns (what auditors' queries use) say.
+Every mirror row's canonical bytes are rehashed in leaf order and the root is rebuilt up
+to a signed checkpoint's size: only if it equals the signed root do the rows' bytes form
+the log (nothing missing, extra or altered). The bytes alone are not what auditors query,
+though: the typed columns are. So every column is recomputed from the bytes
+(``ledger.record.mirror_columns`` is the definition) and each disagreement is named by
+row and column. The time range is taken from the records' own bytes.
+
+Pure: rows come in as values; fetching them is the caller's business.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from datetime import datetime
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
 
 from ledger import merkle
+from ledger.canonical import parse_strict
 from ledger.checkpoint import Checkpoint
+from ledger.errors import LedgerError
+from ledger.record import AuditRecord, mirror_columns, validate_body
+
+# Finding kinds (stable names, listed in the README):
+COLUMN_MISMATCH = "column_mismatch"  # a typed column disagrees with the record's bytes
+RECORD_UNPARSEABLE = "record_unparseable"  # stored bytes are not a canonical v1 record
+ROWS_MISSING = "rows_missing"  # leaves the checkpoint covers have no mirror row
+ROW_EXTRA = "row_extra"  # a mirror row beyond the log's size
+ROOT_MISMATCH = "root_mismatch"  # the rebuilt root is not the signed one
 
 
 @dataclass(frozen=True)
 class MirrorRow:
+    """One mirror row as stored. ``columns``: every other typed column by name (None:
+    the caller fetched only the bytes, and only record_id and created_at are checked)."""
+
     leaf_index: int
     record_id: str
     created_at: datetime  # the typed column, naive UTC
     canonical: bytes
+    columns: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class AuditFinding:
+    kind: str
+    message: str
+    leaf_index: int | None = None
+    record_id: str | None = None
+    column: str | None = None
+    stored: str | None = None
+    expected: str | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass
@@ -30,58 +65,137 @@ class AuditReport:
     checkpoint_size: int
     in_range: int = 0
     uncovered: int = 0  # rows in range the checkpoint does not cover yet
-    findings: list[str] = field(default_factory=list)
+    rows_checked: int = 0
+    findings: list[AuditFinding] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.findings
 
 
-def _record_time(canonical: bytes) -> datetime | None:
+def naive_utc(text: str) -> datetime:
+    """RFC 3339 text as the mirror stores it: a naive UTC datetime."""
+    moment = datetime.fromisoformat(text)
+    return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+
+
+def _show(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="microseconds") + ("" if value.tzinfo else "Z")
+    return str(value)
+
+
+def open_record(canonical: bytes, *, strict: bool = False) -> AuditRecord:
+    """The record in a row's bytes, for recomputing its columns.
+
+    ``strict`` also refuses bytes not in canonical form (re-serializing costs several
+    times the rest); without it the bytes must still have exactly one meaning
+    (``parse_strict``), which is all the columns depend on. ``audit`` proves the bytes
+    are the log's by the root rebuild, and the log accepted only canonical records."""
+    if strict:
+        return AuditRecord.from_canonical(canonical)
+    body = parse_strict(canonical)
+    validate_body(body)
+    return AuditRecord(body, canonical, b"")  # the leaf hash is not needed here
+
+
+def column_findings(leaf_index: int, record_id: str, canonical: bytes,
+                    stored: Mapping[str, Any], *, all_columns: bool = True,
+                    strict: bool = False) -> list[AuditFinding]:
+    """Every typed column of one row recomputed from its bytes; one finding per column
+    that disagrees (``stored`` maps column names to the row's values). With
+    ``all_columns`` False only the columns present in ``stored`` are compared."""
     try:
-        text = json.loads(canonical)["created_at"]
-        moment = datetime.fromisoformat(text)
-        return moment.replace(tzinfo=None) if moment.tzinfo else moment
-    except (ValueError, KeyError, TypeError):
+        record = open_record(canonical, strict=strict)
+    except LedgerError as exc:
+        return [AuditFinding(RECORD_UNPARSEABLE, f"leaf {leaf_index} (record {record_id}): "
+                             f"stored bytes are not a record: {exc}", leaf_index, record_id)]
+    return compare_columns(leaf_index, record_id, record, stored, all_columns=all_columns)
+
+
+def compare_columns(leaf_index: int, record_id: str, record: AuditRecord,
+                    stored: Mapping[str, Any], *, all_columns: bool = True
+                    ) -> list[AuditFinding]:
+    where = f"leaf {leaf_index} (record {record_id})"
+    findings = []
+    for name, said in mirror_columns(record).items():
+        if not all_columns and name not in stored:
+            continue
+        value = stored.get(name)
+        expected: Any = said
+        if name == "created_at":
+            try:
+                expected = naive_utc(said)
+            except (TypeError, ValueError):
+                expected = said  # an unparseable time can equal no stored datetime
+        if value != expected:
+            findings.append(AuditFinding(
+                COLUMN_MISMATCH,
+                f"{where}: column {name} is {_show(value)!r}, the record says {said!r}",
+                leaf_index, record_id, name, _show(value), _show(said)))
+    return findings
+
+
+def _check_row(row: MirrorRow, report: AuditReport) -> datetime | None:
+    """Compare the row's columns with its bytes; returns the record's own time."""
+    stored = dict(row.columns or {}, record_id=row.record_id, created_at=row.created_at)
+    try:
+        record = open_record(row.canonical)
+    except LedgerError as exc:
+        report.findings.append(AuditFinding(
+            RECORD_UNPARSEABLE, f"leaf {row.leaf_index} (record {row.record_id}): stored "
+            f"bytes are not a record: {exc}", row.leaf_index, row.record_id))
+        return None
+    report.findings.extend(compare_columns(row.leaf_index, row.record_id, record, stored,
+                                           all_columns=row.columns is not None))
+    try:
+        return naive_utc(record.created_at)
+    except ValueError:
         return None
 
 
 def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: datetime,
                 until: datetime, log_size: int | None = None) -> AuditReport:
-    """``log_size``: how many entries the log holds (rows beyond it are not in the log)."""
+    """``rows`` in leaf order; ``log_size``: how many entries the log holds (rows beyond
+    it are not in the log). ``checkpoint`` must already be signature-checked."""
     report = AuditReport(checkpoint.size)
     compact = merkle.CompactRange()
     expected = 0
     for row in rows:
+        if log_size is not None and row.leaf_index >= max(log_size, checkpoint.size):
+            report.findings.append(AuditFinding(
+                ROW_EXTRA, f"extra mirror row at leaf {row.leaf_index} (record "
+                f"{row.record_id}): the log has {log_size} entries",
+                row.leaf_index, row.record_id))
+            continue
+        report.rows_checked += 1
+        # Columns are checked on every row, covered or not: they must say what the
+        # bytes say whether or not a checkpoint vouches for the bytes yet.
+        moment = _check_row(row, report)
         if row.leaf_index >= checkpoint.size:
-            if log_size is not None and row.leaf_index >= log_size:
-                report.findings.append(f"extra mirror row at leaf {row.leaf_index} (record "
-                                       f"{row.record_id}): the log has {log_size} entries")
-            elif since <= row.created_at < until:
+            if since <= row.created_at < until:
                 report.uncovered += 1
             continue
         if row.leaf_index != expected:
-            report.findings.append(
-                f"mirror rows missing for leaves {expected}..{row.leaf_index - 1}")
+            report.findings.append(AuditFinding(
+                ROWS_MISSING, f"mirror rows missing for leaves {expected}..{row.leaf_index - 1}",
+                expected))
             return report
         compact.append(merkle.hash_leaf(row.canonical))
         expected += 1
-        moment = _record_time(row.canonical)
-        inside_by_bytes = moment is not None and since <= moment < until
-        inside_by_column = since <= row.created_at < until
-        if inside_by_bytes:
+        if moment is not None and since <= moment < until:
             report.in_range += 1
-        if inside_by_bytes != inside_by_column:
-            report.findings.append(
-                f"leaf {row.leaf_index} (record {row.record_id}): created_at column "
-                f"{row.created_at.isoformat()} disagrees with the record's own time")
     if expected < checkpoint.size:
-        report.findings.append(f"mirror rows missing for leaves {expected}.."
-                               f"{checkpoint.size - 1}")
+        report.findings.append(AuditFinding(
+            ROWS_MISSING, f"mirror rows missing for leaves {expected}..{checkpoint.size - 1}",
+            expected))
         return report
     if compact.root() != checkpoint.root:
-        report.findings.append(
+        report.findings.append(AuditFinding(
+            ROOT_MISMATCH,
             f"rebuilt root {compact.root().hex()} differs from the signed root "
             f"{checkpoint.root.hex()} at size {checkpoint.size}: a row was altered or "
-            "replaced")
+            "replaced", stored=compact.root().hex(), expected=checkpoint.root.hex()))
     return report

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent set-up: virtual environment in .venv/, pinned dependencies, and the shipped
+# Idempotent set-up: virtual environment in .venv/, pinned dependencies (every extra: the
+# developer runs everything; an auditor needs only the base install), and the shipped
 # default model converted once into $AUDIT_LEDGER_HOME (default ~/.cache/audit-ledger).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ fi
 want=$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
     if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-            -c requirements.lock -e '.[test,convert]' > "$VENV/install.log" 2>&1; then
+            -c requirements.lock -e '.[serve,fabric,convert,test]' > "$VENV/install.log" 2>&1; then
         tail -40 "$VENV/install.log" >&2
         exit 1
     fi

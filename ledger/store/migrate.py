@@ -7,7 +7,17 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+
+def _migrations_dir() -> Path:
+    # An installed wheel carries them beside this module (setup.py copies them there);
+    # a source checkout (editable install, tests) has them at the repository root.
+    packaged = Path(__file__).resolve().with_name("migrations")
+    if (packaged / "env.py").is_file():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "migrations"
+
+
+MIGRATIONS_DIR = _migrations_dir()
 
 
 def alembic_config(url: str) -> Config:

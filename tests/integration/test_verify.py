@@ -340,13 +340,15 @@ async def test_audit_detects_deleted_and_extra_rows(
         row = dict(conn.execute(records.select().where(records.c.leaf_index == 1)).one()._mapping)
         conn.execute(delete(records).where(records.c.leaf_index == 1))
     code, result = await cli(capsys, *args)
-    assert code == 1 and result["findings"] == ["mirror rows missing for leaves 1..1"]
+    assert code == 1 and [f["message"] for f in result["findings"]] == [
+        "mirror rows missing for leaves 1..1"]
     with engine.begin() as conn:
         conn.execute(insert(records).values(row))  # restore
         conn.execute(insert(records).values({**row, "leaf_index": 99, "record_id": "forged"}))
     engine.dispose()
     code, result = await cli(capsys, *args)
-    assert code == 1 and any("extra mirror row at leaf 99" in f for f in result["findings"])
+    assert code == 1 and any("extra mirror row at leaf 99" in f["message"]
+                             for f in result["findings"])
 
 
 async def test_replay_reproduces_the_output_token_digest(

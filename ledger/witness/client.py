@@ -148,7 +148,7 @@ class WitnessClient:
             try:
                 found = valid_cosigners(add_cosignatures(checkpoint.note, [line]),
                                         [witness.key])
-            except (ValueError, CheckpointFormatError):  # a malformed line: ignore it like an unknown key's
+            except (ValueError, CheckpointFormatError):  # malformed: ignored like a stranger's
                 continue
             if witness.key.name in found:
                 store_cosignature(self.ledger.engine, checkpoint.size, witness.key.name,

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from inference_wrapper.server.app import ANCHOR_WORKER, LEDGER, SETTINGS
+from ledger.errors import InvalidInputError
 from ledger.witness.client import WitnessClient, WitnessWorker, parse_witnesses
 
 WITNESS_WORKER = web.AppKey("witness_worker", WitnessWorker)
@@ -16,7 +17,10 @@ WITNESS_WORKER = web.AppKey("witness_worker", WitnessWorker)
 
 async def witness_context(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    witnesses = parse_witnesses(settings.witnesses)
+    try:
+        witnesses = parse_witnesses(settings.witnesses)
+    except (ValueError, OSError) as exc:
+        raise InvalidInputError("AUDIT_LEDGER_WITNESSES", str(exc)) from exc
     if not witnesses:
         yield
         return

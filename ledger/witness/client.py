@@ -40,8 +40,8 @@ class WitnessEndpoint:
 
     @classmethod
     def parse(cls, text: str) -> WitnessEndpoint:
-        """``URL=VKEY`` (a URL may hold '=' and a vkey ends in '=': the split is the first
-        '=' after which a valid witness vkey follows)."""
+        """``URL=VKEY``; a URL may hold '=' (a query), so the split is the first '=' after
+        which a valid witness vkey follows."""
         text = text.strip()
         position = text.find("=")
         while position > 0:
@@ -172,14 +172,18 @@ class WitnessClient:
             try:
                 if self.submit(witness, latest) is not None:
                     stored += 1
-                self._failures.pop(name, None)
-                self._next_try.pop(name, None)
+                    self._failures.pop(name, None)
+                    self._next_try.pop(name, None)
+                    continue
+                problem = f"witness {name} is ahead of our checkpoint {latest.size}"
             except BackendError as exc:
-                failures = self._failures.get(name, 0) + 1
-                self._failures[name] = failures
-                delay = min(self.max_backoff_s, 0.5 * 2 ** failures)
-                self._next_try[name] = time.monotonic() + delay
-                log.warning("%s; next try in %.1f s", exc, delay)
+                problem = str(exc)
+            # Down, refusing, or ahead of us (a restored database?): back off, keep serving.
+            failures = self._failures.get(name, 0) + 1
+            self._failures[name] = failures
+            delay = min(self.max_backoff_s, 0.5 * 2 ** failures)
+            self._next_try[name] = time.monotonic() + delay
+            log.warning("%s; next try in %.1f s", problem, delay)
         return stored
 
 

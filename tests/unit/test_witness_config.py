@@ -73,3 +73,18 @@ def test_serve_without_logs_is_a_usage_error(tmp_path: Path,
     assert main(["witness", "--home", str(tmp_path), "serve"]) == 2
     assert "--log" in capsys.readouterr().err
     assert main(["witness", "--home", str(tmp_path), "serve", "--log", "o", "junk"]) == 2
+
+
+async def test_service_refuses_a_bad_witness_setting_naming_it() -> None:
+    from aiohttp import web
+
+    from inference_wrapper.server.app import SETTINGS
+    from inference_wrapper.server.settings import Settings
+    from inference_wrapper.server.witnessing import witness_context
+    from ledger.errors import InvalidInputError
+
+    app = web.Application()
+    app[SETTINGS] = Settings(witnesses="http://w.test=not-a-vkey")
+    with pytest.raises(InvalidInputError) as caught:
+        await witness_context(app).__anext__()
+    assert caught.value.field == "AUDIT_LEDGER_WITNESSES"

@@ -253,3 +253,27 @@ def test_client_handles_409_verifies_and_stores(log: Log, witness: WitnessProces
     with pytest.raises(BackendUnavailableError):
         WitnessClient(log.ledger, [down]).submit(down, log.ledger.latest_checkpoint())  # type: ignore[arg-type]
     assert WitnessClient(log.ledger, [down]).run_once() == 0
+
+
+def test_client_facing_a_witness_ahead_of_its_log_stores_nothing(
+        tmp_path: Path, log: Log, witness: WitnessProcess, signer: NoteSigner) -> None:
+    """The log's database was restored from a backup taken at size 7 while the witness
+    had cosigned size 9: the client cannot get 7 cosigned and must not pretend it did."""
+    log.grow_to(7)
+    source = sqlite3.connect(tmp_path / "log.db")
+    backup = sqlite3.connect(tmp_path / "restored.db")
+    source.backup(backup)
+    source.close()
+    backup.close()
+    assert witness.post(log.request(0, log.grow_to(9)))[0] == 200
+    restored = SqlLedger(f"sqlite:///{tmp_path / 'restored.db'}").start()
+    try:
+        latest = restored.latest_checkpoint()
+        assert latest is not None and latest.size == 7
+        endpoint = WitnessEndpoint(witness.url, _witness_key(witness))
+        client = WitnessClient(restored, [endpoint])
+        assert client.submit(endpoint, latest) is None  # 409 "9": beyond our 7
+        assert client.run_once() == 0
+        assert cosignature_lines(restored.engine, 7) == []
+    finally:
+        restored.close()

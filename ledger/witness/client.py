@@ -13,11 +13,11 @@ retried with exponential backoff.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,18 +84,49 @@ class WitnessRejected(BackendError):
         self.status = status
 
 
-def _post(url: str, body: bytes, timeout_s: float) -> tuple[int, str, bytes]:
-    request = urllib.request.Request(url, data=body, method="POST",
-                                     headers={"Content-Type": "text/plain"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return (response.status, response.headers.get_content_type(),
-                    response.read(64 * 1024))
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code, exc.headers.get_content_type(), exc.read(64 * 1024)
-    except (urllib.error.URLError, OSError) as exc:
-        raise BackendUnavailableError(f"witness {url} unreachable: {exc}") from exc
+class _Connection:
+    """One kept-alive HTTP connection to a witness (the spec asks clients to reuse them);
+    a connection the witness closed meanwhile is reopened once."""
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        parts = urllib.parse.urlsplit(url)
+        self.url = url
+        self._https = parts.scheme == "https"
+        self._netloc = parts.netloc
+        self._path = parts.path.rstrip("/") + "/add-checkpoint"
+        self._timeout_s = timeout_s
+        self._conn: http.client.HTTPConnection | None = None
+
+    def _open(self) -> http.client.HTTPConnection:
+        if self._https:
+            return http.client.HTTPSConnection(self._netloc, timeout=self._timeout_s)
+        return http.client.HTTPConnection(self._netloc, timeout=self._timeout_s)
+
+    def post(self, body: bytes) -> tuple[int, str, bytes]:
+        """(status, media type, body) of POST add-checkpoint."""
+        for attempt in (1, 2):
+            if self._conn is None:
+                self._conn = self._open()
+            try:
+                self._conn.request("POST", self._path, body=body,
+                                   headers={"Content-Type": "text/plain"})
+                response = self._conn.getresponse()
+                answer = response.read(64 * 1024)
+                if not response.isclosed():  # an oversized answer: do not reuse
+                    self.close()
+                media = (response.getheader("Content-Type") or "").split(";")[0]
+                return response.status, media.strip().lower(), answer
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
+                if attempt == 2:
+                    raise BackendUnavailableError(
+                        f"witness {self.url} unreachable: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 class WitnessClient:
@@ -109,6 +140,12 @@ class WitnessClient:
         self.max_backoff_s = max_backoff_s
         self._failures: dict[str, int] = {}
         self._next_try: dict[str, float] = {}
+        self._connections = {w.key.name: _Connection(w.url, timeout_s) for w in witnesses}
+
+    def close(self) -> None:
+        """Close the kept-alive connections."""
+        for connection in self._connections.values():
+            connection.close()
 
     def submit(self, witness: WitnessEndpoint, checkpoint: StoredCheckpoint) -> str | None:
         """Ask ``witness`` to cosign ``checkpoint``; store and return the verified line.
@@ -125,8 +162,9 @@ class WitnessClient:
                 return None
             proof = self.ledger.consistency_proof(old, checkpoint.size) if old else []
             body = AddCheckpoint(old, tuple(proof), checkpoint.note).encode()
-            status, content_type, answer = _post(f"{witness.url}/add-checkpoint", body,
-                                                 self.timeout_s)
+            connection = self._connections.get(name) or _Connection(witness.url,
+                                                                    self.timeout_s)
+            status, content_type, answer = connection.post(body)
             if status == 200:
                 return self._keep(witness, checkpoint, answer)
             if status == 409 and content_type == SIZE_CONTENT_TYPE:
@@ -212,6 +250,7 @@ class WitnessWorker:
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
+        self.client.close()
 
     def _loop(self) -> None:
         while not self._stop.is_set():

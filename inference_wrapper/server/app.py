@@ -155,6 +155,7 @@ async def batcher_context(app: web.Application) -> AsyncIterator[None]:
 
 def create_app(settings: Settings, generator: AuditedGenerator) -> web.Application:
     from inference_wrapper.server.routes import ROUTES
+    from inference_wrapper.server.witnessing import witness_context
 
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[request_context])
@@ -163,6 +164,6 @@ def create_app(settings: Settings, generator: AuditedGenerator) -> web.Applicati
     app[METRICS] = Metrics()
     app[TRACER] = PhaseTracer(settings.otel_exporter)
     app.cleanup_ctx.extend([ledger_context, integrator_context, anchor_context,
-                            batcher_context])
+                            witness_context, batcher_context])
     app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])
     return app

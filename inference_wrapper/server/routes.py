@@ -39,6 +39,7 @@ from ledger.anchor.local import LocalAnchor
 from ledger.errors import BackendError, InvalidInputError
 from ledger.store.apikeys import ApiKey
 from ledger.store.sql import QUERY_FILTERS, RecordRow
+from ledger.witness.cosignatures import cosigned_note
 
 CLIENT_ROLES = ("client", "admin")
 READER_ROLES = ("client", "auditor", "admin")
@@ -348,13 +349,14 @@ async def record_proof(request: web.Request) -> web.Response:
         raise Problem(503, "Service Unavailable", "the record is not yet covered by a "
                       "checkpoint", headers={"Retry-After": "1"})
     # Both reads in the worker thread: the event loop never waits on the database.
-    proof, leaf_hash = await asyncio.to_thread(
+    proof, leaf_hash, note = await asyncio.to_thread(
         lambda: (ledger.inclusion_proof(row.leaf_index, latest.size),
-                 ledger.leaf_hash(row.leaf_index)))
+                 ledger.leaf_hash(row.leaf_index),
+                 cosigned_note(ledger, latest.size, latest.note)))
     return web.json_response({
         "record_id": row.record_id, "leaf_index": row.leaf_index,
         "leaf_hash": leaf_hash.hex(), "tree_size": latest.size,
-        "inclusion_proof": [h.hex() for h in proof], "checkpoint": latest.note.decode(),
+        "inclusion_proof": [h.hex() for h in proof], "checkpoint": note.decode(),
     })
 
 
@@ -363,8 +365,9 @@ async def latest_checkpoint(request: web.Request) -> web.Response:
     latest = await asyncio.to_thread(request.app[LEDGER].latest_checkpoint)
     if latest is None:
         raise Problem(404, "Not Found", "no checkpoint has been sealed yet")
+    note = await asyncio.to_thread(cosigned_note, request.app[LEDGER], latest.size, latest.note)
     return web.json_response({"tree_size": latest.size, "root": latest.root.hex(),
-                              "checkpoint": latest.note.decode()})
+                              "checkpoint": note.decode()})
 
 
 async def anchored_checkpoint(request: web.Request) -> web.Response:

@@ -34,6 +34,7 @@ class Settings:
     fabric_tls_ca_path: str = ""
     fabric_channel: str = "auditchannel"
     fabric_chaincode: str = "anchor"
+    witnesses: str = ""  # comma-separated URL=VKEY, or a file of them (README "Witnesses")
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
@@ -49,6 +50,7 @@ class AnchorWorker:
         self.failures = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.after_anchor: Callable[[], object] | None = None  # e.g. wake the witness client
 
     def status(self) -> AnchorStatus:
         anchored = LocalAnchor.latest_row(self.ledger)
@@ -71,6 +73,8 @@ class AnchorWorker:
         if newest is None or (anchored is not None and anchored.size >= newest.size):
             return False
         self.anchor.anchor(newest.note)
+        if self.after_anchor is not None:
+            self.after_anchor()
         return True
 
     def start(self) -> AnchorWorker:

@@ -6,6 +6,7 @@ from ledger.anchor.local import LocalAnchor
 from ledger.client.sources import RecordEvidence, RecordNotFoundError
 from ledger.errors import BackendError
 from ledger.store.sql import SqlLedger
+from ledger.witness.cosignatures import cosigned_note
 
 
 class DatabaseSource:
@@ -23,7 +24,8 @@ class DatabaseSource:
         latest = self.ledger.latest_checkpoint()
         if latest is None or latest.size <= record.leaf_index:
             raise BackendError(f"record {record.record_id} is not yet covered by a checkpoint")
-        return self.ledger.inclusion_proof(record.leaf_index, latest.size), latest.note
+        return (self.ledger.inclusion_proof(record.leaf_index, latest.size),
+                cosigned_note(self.ledger, latest.size, latest.note))
 
     def consistency(self, size1: int, size2: int) -> list[bytes]:
         return self.ledger.consistency_proof(size1, size2)

@@ -13,6 +13,7 @@ from ledger.checkpoint import Checkpoint
 from ledger.client.sources import ServerSource
 from ledger.errors import BackendError
 from ledger.store.sql import SqlLedger
+from ledger.witness.cosignatures import cosigned_note
 
 Progress = Callable[[int, int | None], None]
 
@@ -44,7 +45,7 @@ def export_from_db(url: str, since: datetime | None, until: datetime | None,
             low, high = sorted((anchored.size, latest.size))
             consistency = ledger.consistency_proof(low, high) if low < high else []
         origin = latest.note.split(b"\n", 1)[0].decode()
-        return Bundle(origin, log_key, latest.note, entries,
+        return Bundle(origin, log_key, cosigned_note(ledger, latest.size, latest.note), entries,
                       anchored.note if anchored else None, anchored.ref if anchored else None,
                       consistency)
 

@@ -103,3 +103,13 @@ anchors = Table(
     Column("ref", Text, nullable=False),  # "local:<size>" or "fabric:<channel>:<txid>:<block>"
     Column("anchored_at", DateTime, nullable=False),
 )
+
+cosignatures = Table(
+    "cosignatures",
+    metadata,
+    Column("checkpoint_size", BigInteger, nullable=False),
+    Column("witness", String(255), nullable=False),  # the witness's key name
+    Column("line", Text, nullable=False),  # the C2SP cosignature line, verified when stored
+    Column("timestamp", BigInteger, nullable=False),  # the cosignature's own time (POSIX)
+    PrimaryKeyConstraint("checkpoint_size", "witness", name="pk_cosignatures"),
+)

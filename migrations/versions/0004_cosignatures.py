@@ -1,18 +1,14 @@
 """Cosignatures: witness cosignature lines (C2SP tlog-cosignature) per checkpoint size.
 
-Revision ID: 0002_cosignatures
+Revision ID: 0004
 Revises: 0003
 Create Date: 2026-11-30
-
-The task named this revision "0002" with down_revision "0001", but this branch already has
-revisions 0002 and 0003; a second "0002" would break Alembic's chain, so it takes a unique
-id and hangs off the current head. The lead re-chains migrations when merging.
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002_cosignatures"
+revision = "0004"
 down_revision = "0003"
 branch_labels = None
 depends_on = None

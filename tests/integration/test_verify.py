@@ -28,6 +28,8 @@ from ledger.checkpoint import Checkpoint, NoteSigner
 from ledger.store.schema import records
 
 PROMPT = "Approve the loan for applicant 42?"
+# The embedded local anchor is the operator's own: verifying against it is an explicit choice.
+SELF = ("--accept-self-anchored",)
 
 
 class Service:
@@ -88,13 +90,13 @@ async def test_genuine_record_verifies_online_with_prompt_and_output(
     (tmp_path / "output.txt").write_text(answer["output"])
     code, result = await cli(
         capsys, "verify", answer["record_id"], "--server", service.url, "--api-key", service.token,
-        "--log-key", service.log_key, "--prompt-file", str(tmp_path / "prompt.txt"),
+        "--log-key", service.log_key, *SELF, "--prompt-file", str(tmp_path / "prompt.txt"),
         "--input-salt", answer["input_salt"], "--output-file", str(tmp_path / "output.txt"),
         "--output-salt", answer["output_salt"], "--json")
     assert code == 0, result
-    assert [c["status"] for c in result["checks"]] == ["pass"] * 5
-    assert "local:" in result["checks"][3]["reason"]
-    state = list((tmp_path / "home" / "verifier").iterdir())
+    assert [c["status"] for c in result["checks"]] == ["pass"] * 3 + ["self-anchored", "pass"]
+    assert "local:" in result["checks"][3]["reason"] and result["trust"] == "self-anchored"
+    state = list((tmp_path / "home" / "verifier").glob("*.note"))
     assert len(state) == 1 and b"\n1\n" in state[0].read_bytes()
 
 
@@ -104,7 +106,7 @@ async def test_genuine_record_verifies_from_the_database(
     answer = await service.generate()
     service.seal()
     code, result = await cli(capsys, "verify", answer["record_id"], "--db",
-                             service.settings.database_url, "--log-key", service.log_key,
+                             service.settings.database_url, "--log-key", service.log_key, *SELF,
                              "--json")
     assert code == 0 and result["verified"], result
 
@@ -119,13 +121,13 @@ async def test_bundle_verifies_offline_and_names_each_record(
                         "--bundle", str(bundle))
     assert code == 0
     code, result = await cli(capsys, "verify", "--bundle", str(bundle), "--log-key",
-                             service.log_key, "--json")
+                             service.log_key, *SELF, "--json")
     assert code == 0 and result["verified"] == 5 and result["failed"] == 0
     db_bundle = tmp_path / "db.json"
     code, _ = await cli(capsys, "export", "--db", service.settings.database_url, "--bundle",
                         str(db_bundle))
     code, one = await cli(capsys, "verify", answers[2]["record_id"], "--bundle", str(db_bundle),
-                          "--log-key", service.log_key, "--json")
+                          "--log-key", service.log_key, *SELF, "--json")
     assert code == 0 and one["verified"]
 
 
@@ -142,7 +144,8 @@ async def test_one_changed_byte_in_the_record_fails_check_1(
                      .values(canonical=edited))
     engine.dispose()
     code, result = await cli(capsys, "verify", answer["record_id"], "--db",
-                             service.settings.database_url, "--log-key", service.log_key, "--json")
+                             service.settings.database_url, "--log-key", service.log_key,
+                             *SELF, "--json")
     assert code == 1 and failed_check(result) == 1
     assert "the log holds" in result["checks"][0]["reason"]
 
@@ -157,7 +160,7 @@ async def test_wrong_prompt_or_salt_fails_check_5(
     salt = "00" * 32 if which == "salt" else answer["input_salt"]
     (tmp_path / "p.txt").write_text(prompt)
     code, result = await cli(capsys, "verify", answer["record_id"], "--db",
-                             service.settings.database_url, "--log-key", service.log_key,
+                             service.settings.database_url, "--log-key", service.log_key, *SELF,
                              "--prompt-file", str(tmp_path / "p.txt"), "--input-salt", salt,
                              "--json")
     assert code == 1 and failed_check(result) == 5
@@ -180,7 +183,7 @@ async def test_checkpoint_signed_by_another_key_fails_check_3(
 async def test_unreachable_server_exits_3(service: Service,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     code, _ = await cli(capsys, "verify", "some-id", "--server", "http://127.0.0.1:9",
-                        "--api-key", "x", "--log-key", service.log_key)
+                        "--api-key", "x", "--log-key", service.log_key, *SELF)
     assert code == 3
 
 
@@ -244,7 +247,7 @@ async def test_lying_server_proof_for_another_leaf_fails_check_2(
 
     url = await lying_server(aiohttp_client, service, answers[1]["record_id"], lie)
     code, result = await cli(capsys, "verify", answers[1]["record_id"], "--server", url,
-                             "--api-key", "k", "--log-key", service.log_key, "--json")
+                             "--api-key", "k", "--log-key", service.log_key, *SELF, "--json")
     assert code == 1 and failed_check(result) == 2
     assert "root mismatch" in result["checks"][1]["reason"]
 
@@ -261,7 +264,7 @@ async def test_lying_server_fabricated_checkpoint_fails_check_3(
 
     url = await lying_server(aiohttp_client, service, answers[0]["record_id"], lie)
     code, result = await cli(capsys, "verify", answers[0]["record_id"], "--server", url,
-                             "--api-key", "k", "--log-key", service.log_key, "--json")
+                             "--api-key", "k", "--log-key", service.log_key, *SELF, "--json")
     assert code == 1 and failed_check(result) == 3
 
 
@@ -280,7 +283,7 @@ async def test_lying_server_truncated_consistency_proof_fails_check_4(
 
     url = await lying_server(aiohttp_client, service, answers[2]["record_id"], lie)
     code, result = await cli(capsys, "verify", answers[2]["record_id"], "--server", url,
-                             "--api-key", "k", "--log-key", service.log_key, "--json")
+                             "--api-key", "k", "--log-key", service.log_key, *SELF, "--json")
     assert code == 1 and failed_check(result) == 4
     assert "MalformedProofError" in result["checks"][3]["reason"] or \
         "RootMismatchError" in result["checks"][3]["reason"]
@@ -292,7 +295,7 @@ async def test_rolled_back_checkpoint_fails_check_4(
     answers = await _three_records(service)
     state = tmp_path / "state.note"
     code, _ = await cli(capsys, "verify", answers[2]["record_id"], "--db",
-                        service.settings.database_url, "--log-key", service.log_key,
+                        service.settings.database_url, "--log-key", service.log_key, *SELF,
                         "--state", str(state))
     assert code == 0 and b"\n3\n" in state.read_bytes()
     # The log is rolled back to the size-2 checkpoint: its newer history removed.
@@ -304,7 +307,7 @@ async def test_rolled_back_checkpoint_fails_check_4(
         conn.execute(delete(anchors).where(anchors.c.size == 3))
     engine.dispose()
     code, result = await cli(capsys, "verify", answers[0]["record_id"], "--db",
-                             service.settings.database_url, "--log-key", service.log_key,
+                             service.settings.database_url, "--log-key", service.log_key, *SELF,
                              "--state", str(state), "--json")
     assert code == 1 and failed_check(result) == 4
     assert "RollbackError" in result["checks"][3]["reason"]
@@ -319,7 +322,7 @@ async def test_split_view_same_size_other_root_fails_check_4(
     # This verifier was once shown another tree of size 3, signed with the log's key.
     state.write_bytes(service.app[SIGNER].sign_checkpoint(Checkpoint(origin, 3, bytes(32))))
     code, result = await cli(capsys, "verify", answers[1]["record_id"], "--db",
-                             service.settings.database_url, "--log-key", service.log_key,
+                             service.settings.database_url, "--log-key", service.log_key, *SELF,
                              "--state", str(state), "--json")
     assert code == 1 and failed_check(result) == 4
     assert "ForkError" in result["checks"][3]["reason"]
@@ -358,7 +361,7 @@ async def test_replay_reproduces_the_output_token_digest(
     (tmp_path / "p.txt").write_text(PROMPT)
     manifest = tiny_model_dir.parent / "tiny-llama.manifest.json"
     code, result = await cli(capsys, "verify", answer["record_id"], "--db",
-                             service.settings.database_url, "--log-key", service.log_key,
+                             service.settings.database_url, "--log-key", service.log_key, *SELF,
                              "--prompt-file", str(tmp_path / "p.txt"), "--input-salt",
                              answer["input_salt"], "--replay", "--model-dir",
                              str(tiny_model_dir), "--model-manifest", str(manifest), "--json")
@@ -378,7 +381,7 @@ async def test_replay_against_another_model_is_refused(
     build_tiny_model(other, seed=99)
     (tmp_path / "p.txt").write_text(PROMPT)
     code, out = await cli(capsys, "verify", answer["record_id"], "--db",
-                          service.settings.database_url, "--log-key", service.log_key,
+                          service.settings.database_url, "--log-key", service.log_key, *SELF,
                           "--prompt-file", str(tmp_path / "p.txt"), "--replay",
                           "--model-dir", str(other))
     assert code == 2, out
@@ -398,5 +401,5 @@ async def test_lying_server_bytes_of_another_record_fail_check_1(
 
     url = await lying_server(aiohttp_client, service, answers[1]["record_id"], lie)
     code, result = await cli(capsys, "verify", answers[1]["record_id"], "--server", url,
-                             "--api-key", "k", "--log-key", service.log_key, "--json")
+                             "--api-key", "k", "--log-key", service.log_key, *SELF, "--json")
     assert code == 1 and failed_check(result) == 1

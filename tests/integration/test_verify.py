@@ -665,3 +665,20 @@ async def test_crlf_prompt_opens_from_its_file_bytes_or_inline_text(
     assert code == 0 and result["checks"][4]["status"] == "pass"
     code, result = await verify_json(capsys, *base, "--prompt-file", str(normalised))
     assert code == 1 and failed_check(result) == 5
+
+
+async def test_fabricated_mirror_row_beyond_the_log_is_check_1_not_a_usage_error(
+    service: Service, capsys: pytest.CaptureFixture[str]
+) -> None:
+    answer = await service.generate()
+    service.seal()
+    engine = create_engine(service.settings.database_url)
+    with engine.begin() as conn:
+        row = dict(conn.execute(records.select().where(
+            records.c.record_id == answer["record_id"])).one()._mapping)
+        conn.execute(insert(records).values({**row, "leaf_index": 99, "record_id": "forged"}))
+    engine.dispose()
+    code, result = await verify_json(capsys, "forged", "--db", service.settings.database_url,
+                                     "--log-key", service.log_key, *SELF, "--no-state")
+    assert code == 1 and failed_check(result) == 1
+    assert "which the log does not hold" in result["checks"][0]["reason"]

@@ -682,3 +682,29 @@ async def test_fabricated_mirror_row_beyond_the_log_is_check_1_not_a_usage_error
                                      "--log-key", service.log_key, *SELF, "--no-state")
     assert code == 1 and failed_check(result) == 1
     assert "which the log does not hold" in result["checks"][0]["reason"]
+
+
+async def test_server_bundle_built_since_the_verifiers_size_proves_the_extension(
+    service: Service, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = [await service.generate(f"s{i}") for i in range(2)]
+    service.seal()
+    state = tmp_path / "state.note"
+    key = ("--log-key", service.log_key, *SELF, "--state", str(state))
+    assert (await verify_json(capsys, first[0]["record_id"], "--server", service.url,
+                              "--api-key", service.auditor, *key))[0] == 0
+    for i in range(2):
+        await service.generate(f"t{i}")
+    service.seal()
+    bundle = tmp_path / "bundle.json"
+    export = ("export", "--server", service.url, "--api-key", service.auditor,
+              "--bundle", str(bundle))
+    code, result = await cli(capsys, *export, "--json")
+    assert code == 0 and result["tree_size"] == 4 and result["consistency_from"] == []
+    code, result = await verify_json(capsys, "--bundle", str(bundle), *key)
+    assert code == 1 and "MissingProofError" in result["results"][0]["checks"][3]["reason"]
+    code, result = await cli(capsys, *export, "--since-size", "2", "--json")
+    assert code == 0 and result["consistency_from"] == [2]
+    code, result = await verify_json(capsys, "--bundle", str(bundle), *key)
+    assert code == 0 and result["verified"] == 4
+    assert Checkpoint.peek(state.read_bytes()).size == 4

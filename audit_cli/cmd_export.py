@@ -18,8 +18,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--since-size", type=int, action="append", default=[], metavar="N",
                         help="carry consistency proofs from checkpoint size N on, so that a "
                              "verifier that saw size N can check the bundle extends it "
-                             "offline (--db: every published size >= N, default all; "
-                             "--server: N itself and the anchored size; repeatable)")
+                             "offline (--db: every published size >= N, by default the "
+                             "latest 1000; --server: N itself and the anchored size; "
+                             "repeatable)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     progress = progress_printer("exported")
     if args.db:
         bundle = export_from_db(args.db, since, until, filters, progress=progress,
-                                since_size=min(args.since_size, default=0))
+                                since_size=min(args.since_size, default=None))
     else:
         if not args.api_key:
             raise InvalidInputError("--api-key", "is required with --server")

@@ -19,10 +19,11 @@ Format ``audit-ledger-bundle/v2`` (all hashes hex, record bytes base64)::
 
 ``anchor.consistency`` links the bundle's checkpoint and the anchored one (smaller size
 first). ``consistency_from`` holds, for each earlier checkpoint size the log published
-(all of them, or those from the exporter's ``--since-size``), the consistency proof from
-that size to the bundle's: a verifier that already saw a checkpoint of that size can prove
-offline that the bundle extends it. Nothing in a bundle is trusted: every entry is
-verified like online evidence. Version 1 files (no ``consistency_from``) are still read.
+(by default the latest 1000; all from N on with the exporter's ``--since-size N``), the
+consistency proof from that size to the bundle's: a verifier that already saw a
+checkpoint of that size can prove offline that the bundle extends it. Nothing in a
+bundle is trusted: every entry is verified like online evidence. Version 1 files (no
+``consistency_from``) are still read.
 """
 
 from __future__ import annotations

@@ -292,7 +292,8 @@ def _check_history(evidence: Evidence, verifier: NoteVerifier, origin: str,
         if checkpoint.size > seen.size and evidence.seen_consistency is None:
             raise MissingProofError(
                 f"no consistency proof from the size {seen.size} this verifier saw to "
-                f"size {checkpoint.size}")
+                f"size {checkpoint.size} (a bundle carries proofs only from the sizes it "
+                f"was exported for: ask for one exported with --since-size {seen.size})")
         check_extends(seen, checkpoint, evidence.seen_consistency or ())
         reasons.append(f"extends the size {seen.size} this verifier saw before"
                        if checkpoint.size > seen.size else

@@ -15,13 +15,16 @@ from ledger.errors import BackendError
 from ledger.store.sql import SqlLedger
 
 Progress = Callable[[int, int | None], None]
+DEFAULT_EARLIER_SIZES = 1000
 
 
 def export_from_db(url: str, since: datetime | None, until: datetime | None,
                    filters: dict[str, str], progress: Progress | None = None,
-                   log_key: str = "", since_size: int = 0) -> Bundle:
+                   log_key: str = "", since_size: int | None = None) -> Bundle:
     """A bundle of the matching records at the latest checkpoint, with consistency proofs
-    from every earlier checkpoint size >= ``since_size`` (see ``ledger.bundle``)."""
+    from every earlier checkpoint size >= ``since_size`` (see ``ledger.bundle``); by
+    default from the latest ``DEFAULT_EARLIER_SIZES`` checkpoint sizes (a log sealing
+    every second publishes 86,400 a day: proofs from all of them would swamp a bundle)."""
     with SqlLedger(url) as ledger:
         latest = ledger.latest_checkpoint()
         if latest is None:
@@ -46,7 +49,9 @@ def export_from_db(url: str, since: datetime | None, until: datetime | None,
             low, high = sorted((anchored.size, latest.size))
             consistency = ledger.consistency_proof(low, high) if low < high else []
         earlier = [c.size for c in ledger.iter_checkpoints()
-                   if max(since_size, 1) <= c.size < latest.size]
+                   if max(since_size or 0, 1) <= c.size < latest.size]
+        if since_size is None:
+            earlier = earlier[-DEFAULT_EARLIER_SIZES:]
         proofs_from = {s: ledger.consistency_proof(s, latest.size) for s in earlier}
         origin = latest.note.split(b"\n", 1)[0].decode()
         return Bundle(origin, log_key, latest.note, entries,

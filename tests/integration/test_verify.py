@@ -708,3 +708,19 @@ async def test_server_bundle_built_since_the_verifiers_size_proves_the_extension
     code, result = await verify_json(capsys, "--bundle", str(bundle), *key)
     assert code == 0 and result["verified"] == 4
     assert Checkpoint.peek(state.read_bytes()).size == 4
+
+
+async def test_database_bundle_carries_proofs_from_the_latest_sizes_or_since_a_size(
+    service: Service, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(4):
+        await service.generate(f"c{i}")
+        service.seal()  # checkpoints of sizes 1, 2, 3, 4
+    monkeypatch.setattr("ledger.client.exporter.DEFAULT_EARLIER_SIZES", 2)
+    bundle = tmp_path / "bundle.json"
+    export = ("export", "--db", service.settings.database_url, "--bundle", str(bundle), "--json")
+    code, result = await cli(capsys, *export)
+    assert code == 0 and result["consistency_from"] == [2, 3]
+    code, result = await cli(capsys, *export, "--since-size", "1")
+    assert code == 0 and result["consistency_from"] == [1, 2, 3]

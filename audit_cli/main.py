@@ -118,8 +118,8 @@ def _report_internal(error: Exception, json_mode: bool, debug: bool) -> int:
         try:
             log.parent.mkdir(parents=True, exist_ok=True)
             with log.open("a", encoding="utf-8") as handle:
-                handle.write(f"--- {datetime.now(UTC).isoformat()} audit-ledger "
-                             f"{' '.join(sys.argv[1:])}\n{details}")
+                # No command line: it may hold an API key.
+                handle.write(f"--- {datetime.now(UTC).isoformat()}\n{details}")
             where = f"traceback in {log} (or rerun with --debug)"
         except OSError:
             pass

@@ -1,20 +1,34 @@
 """Verify a past inference: numbered checks, each with its reason.
 
-Exit 0 verified, 1 a check failed, 2 usage error, 3 evidence source unreachable.
+Exit 0 verified, 1 a check failed (named), 2 usage error, 3 evidence source unreachable,
+4 internal error. Check 4 needs someone besides the operator to vouch for the checkpoint:
+a Fabric anchor (--fabric-*) or witness cosignatures (--witness); the operator's own
+anchor alone passes only with --accept-self-anchored, and reads SELF-ANCHORED.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from audit_cli.evidence import add_key_option, add_source_options, open_source, pinned_verifier
 from audit_cli.options import print_json
-from ledger.checkpoint import Checkpoint
-from ledger.errors import InvalidInputError
-from ledger.verify import Check, Disclosure, Verdict, verify_record
+from ledger.checkpoint import Checkpoint, NoteVerifier
+from ledger.client.sources import RecordNotFoundError, gather
+from ledger.cosignature import WitnessKey
+from ledger.error_map import EXIT_CHECK_FAILED, EXIT_OK
+from ledger.errors import InvalidInputError, LedgerError
+from ledger.verify import (
+    SELF_ANCHORED,
+    Check,
+    Disclosure,
+    TrustPolicy,
+    Verdict,
+    record_missing,
+    verify_record,
+)
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -22,14 +36,35 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "when omitted)")
     add_source_options(parser)
     add_key_option(parser)
-    parser.add_argument("--prompt-file", type=Path)
-    parser.add_argument("--input-salt", help="hex salt returned with the answer")
-    parser.add_argument("--output-file", type=Path)
-    parser.add_argument("--output-salt", help="hex salt returned with the answer")
+    parser.add_argument("--origin", help="the log's origin line (default: the one the "
+                        "checkpoint names; give it to refuse other logs of the same key)")
+    opening = parser.add_argument_group(
+        "open the commitments (files are read as exact bytes: CRLF line endings are kept "
+        "and no newline is added or stripped)")
+    prompt = opening.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt-file", type=Path, help="the prompt, as the exact bytes sent")
+    prompt.add_argument("--prompt", help="the prompt as inline text (committed as UTF-8)")
+    opening.add_argument("--input-salt", help="hex salt returned with the answer")
+    output = opening.add_mutually_exclusive_group()
+    output.add_argument("--output-file", type=Path, help="the output, as the exact bytes "
+                        "returned")
+    output.add_argument("--output", help="the output as inline text (committed as UTF-8)")
+    opening.add_argument("--output-salt", help="hex salt returned with the answer")
     parser.add_argument("--replay", action="store_true",
                         help="re-run the model named by the record and compare (needs torch)")
     parser.add_argument("--model-dir", type=Path, help="model directory for --replay")
     parser.add_argument("--model-manifest", type=Path)
+    trust = parser.add_argument_group(
+        "who vouches for the checkpoint (check 4): a Fabric anchor, witnesses, or, "
+        "explicitly accepted, the operator's own anchor")
+    trust.add_argument("--witness", action="append", default=[], metavar="VKEY",
+                       help="a pinned witness key (name+hash+base64) or a file of them, one "
+                            "per line; repeatable")
+    trust.add_argument("--witness-quorum", type=int, metavar="K",
+                       help="valid cosignatures needed (default: every --witness)")
+    trust.add_argument("--accept-self-anchored", action="store_true",
+                       help="accept a checkpoint only the operator's own (local) anchor "
+                            "vouches for; the result then reads SELF-ANCHORED")
     fabric = parser.add_argument_group("check the anchor on a Fabric channel")
     fabric.add_argument("--fabric-endpoint", help="a peer's Gateway, host:port")
     fabric.add_argument("--fabric-mspid")
@@ -38,7 +73,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     fabric.add_argument("--fabric-tls-ca", type=Path)
     fabric.add_argument("--fabric-channel", default="auditchannel")
     fabric.add_argument("--fabric-chaincode", default="anchor")
-    parser.add_argument("--state", type=Path, help="this verifier's state file")
+    parser.add_argument("--state", type=Path, help="this verifier's state file (default: one "
+                        "per log under AUDIT_LEDGER_HOME/verifier)")
     parser.add_argument("--no-state", action="store_true",
                         help="neither read nor advance the state file")
 
@@ -52,27 +88,70 @@ def _salt(value: str | None, name: str) -> bytes | None:
         raise InvalidInputError(name, "must be hex") from exc
 
 
-def _read(path: Path | None) -> str | None:
-    return path.read_text(encoding="utf-8") if path is not None else None
+def _read(path: Path | None, text: str | None, name: str) -> bytes | None:
+    """The exact bytes of a file (nothing normalised), or inline text as UTF-8."""
+    if text is not None:
+        return text.encode("utf-8")
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise InvalidInputError(name, f"cannot read {path}: {exc.strerror}") from exc
+
+
+def _witnesses(values: list[str]) -> list[WitnessKey]:
+    keys: list[WitnessKey] = []
+    for value in values:
+        lines = [value]
+        if Path(value).is_file():
+            lines = Path(value).read_text(encoding="utf-8").splitlines()
+        for line in lines:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            try:
+                keys.append(WitnessKey.decode(line))
+            except ValueError as exc:
+                raise InvalidInputError("--witness", f"{line[:40]!r}: {exc}") from exc
+    return keys
+
+
+def _policy(args: argparse.Namespace) -> TrustPolicy:
+    witnesses = _witnesses(args.witness)
+    names = [w.name for w in witnesses]
+    if len(set(names)) != len(names):
+        raise InvalidInputError("--witness", "the same witness name is given twice")
+    quorum = args.witness_quorum
+    if quorum is not None and not witnesses:
+        raise InvalidInputError("--witness-quorum", "needs at least one --witness")
+    if quorum is not None and not 1 <= quorum <= len(witnesses):
+        raise InvalidInputError("--witness-quorum",
+                                f"must be between 1 and {len(witnesses)} (the witnesses given)")
+    return TrustPolicy(witnesses=witnesses, quorum=quorum, fabric=bool(args.fabric_endpoint),
+                       accept_self_anchored=args.accept_self_anchored)
 
 
 def _print_verdict(verdict: Verdict) -> None:
-    marks = {True: "PASS", False: "FAIL", None: "skip"}
+    marks = {"pass": "PASS", "fail": "FAIL", "skipped": "skip", SELF_ANCHORED: "SELF"}
     print(f"record {verdict.record_id}")
     for check in verdict.checks:
-        print(f"  [{marks[check.passed]}] {check.number}. {check.name}: {check.reason}")
-    print("VERIFIED" if verdict.ok else f"NOT VERIFIED (check {verdict.failed.number} failed)"
-          if verdict.failed else "NOT VERIFIED")
+        print(f"  [{marks[check.status]}] {check.number}. {check.name}: {check.reason}")
+    print(verdict.summary)
 
 
-def _replay_check(verdict: Verdict, args: argparse.Namespace, prompt: str | None) -> None:
+def _replay_check(verdict: Verdict, args: argparse.Namespace, prompt: bytes | None) -> None:
     if not args.replay or verdict.record is None or verdict.failed:
         return
     if prompt is None:
         raise InvalidInputError("--prompt-file", "--replay needs the prompt")
+    try:
+        text = prompt.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError("--prompt-file", "--replay needs a UTF-8 prompt") from exc
     from inference_wrapper.replay import replay
 
-    result = replay(verdict.record, prompt, model_dir=args.model_dir,
+    result = replay(verdict.record, text, model_dir=args.model_dir,
                     manifest_path=args.model_manifest)
     why = "; ".join(result.differences) or "no fingerprint differs"
     if result.reproduced:
@@ -85,40 +164,84 @@ def _replay_check(verdict: Verdict, args: argparse.Namespace, prompt: str | None
                                     f" differences: {why}"))
 
 
-def run(args: argparse.Namespace) -> int:
-    from ledger.client.state import default_state_path, load_seen
+# A concurrent verifier may advance the state between our read and our write; we then
+# verify again against what it stored. More than a few rounds means something is odd.
+STATE_ATTEMPTS = 5
 
+
+def run(args: argparse.Namespace) -> int:
     verifier = pinned_verifier(args)
-    origin = verifier.name
-    prompt, output = _read(args.prompt_file), _read(args.output_file)
+    policy = _policy(args)
+    prompt = _read(args.prompt_file, args.prompt, "--prompt-file")
+    output = _read(args.output_file, args.output, "--output-file")
     disclosure = Disclosure(prompt, _salt(args.input_salt, "--input-salt"), output,
                             _salt(args.output_salt, "--output-salt"))
-    state_path = args.state or default_state_path(verifier)
-    seen = None if args.no_state else load_seen(state_path)
-
+    state = _State(args, verifier)
     if args.bundle:
-        return _verify_bundle(args, verifier, origin, disclosure, seen, prompt)
+        return _verify_bundle(args, verifier, policy, disclosure, state)
     if not args.record_id:
         raise InvalidInputError("record_id", "is required unless verifying a bundle")
     source = open_source(args)
-    reader, gateway = _fabric_reader(args, origin)
+    reader, gateway = _fabric_reader(args, args.origin or verifier.name)
     try:
-        from ledger.client.sources import gather
-
-        evidence = gather(source, args.record_id, seen, reader)
-        if gateway is not None and evidence.anchor_ref:
-            evidence = _with_block(evidence, source)
+        for _ in range(STATE_ATTEMPTS):
+            try:
+                evidence = gather(source, args.record_id, state.load_for, reader)
+            except RecordNotFoundError as exc:
+                verdict = record_missing(args.record_id, str(exc))
+                break
+            if gateway is not None and evidence.anchor_ref:
+                evidence = _with_block(evidence, source)
+            origin = _origin(args, evidence.checkpoint_note)
+            verdict = verify_record(evidence, verifier, origin, seen_note=state.seen,
+                                    disclosure=disclosure, policy=policy)
+            if not verdict.ok or state.advance(evidence.checkpoint_note):
+                break
     finally:
         if hasattr(source, "ledger"):
             source.ledger.close()
         if gateway is not None:
             gateway.close()
-    verdict = verify_record(evidence, verifier, origin, seen_note=seen, disclosure=disclosure)
     _replay_check(verdict, args, prompt)
     _report([verdict], args)
-    if verdict.ok and not args.no_state and verdict.checkpoint is not None:
-        _advance(state_path, seen, evidence.checkpoint_note, verdict)
-    return 0 if verdict.ok else 1
+    return verdict.exit_code
+
+
+class _State:
+    """The state file of the log being verified, found once its origin is known."""
+
+    def __init__(self, args: argparse.Namespace, verifier: NoteVerifier) -> None:
+        self.args, self.verifier = args, verifier
+        self.path: Path | None = None
+        self.seen: bytes | None = None
+
+    def load_for(self, checkpoint_note: bytes) -> bytes | None:
+        from ledger.client.state import default_state_path, load_seen
+
+        if self.args.no_state:
+            return None
+        origin = _origin(self.args, checkpoint_note)
+        self.path = self.args.state or default_state_path(self.verifier, origin)
+        self.seen = load_seen(self.path)
+        return self.seen
+
+    def advance(self, note: bytes) -> bool:
+        """Store ``note`` if the state still holds what we verified against; False when
+        another verifier moved it meanwhile (verify again)."""
+        from ledger.client.state import compare_and_swap
+
+        if self.args.no_state or self.path is None:
+            return True
+        return compare_and_swap(self.path, self.seen, note)
+
+
+def _origin(args: argparse.Namespace, checkpoint_note: bytes) -> str:
+    if args.origin:
+        return str(args.origin)
+    try:
+        return Checkpoint.peek(checkpoint_note).origin
+    except LedgerError:
+        return "(unreadable checkpoint)"  # check 3 will fail and say why
 
 
 def _fabric_reader(args: argparse.Namespace, origin: str) -> tuple[Any, Any]:
@@ -152,42 +275,65 @@ def _with_block(evidence: Any, source: Any) -> Any:
     return evidence
 
 
-def _advance(path: Path, seen: bytes | None, note: bytes, verdict: Verdict) -> None:
-    """Remember the newly verified checkpoint if it is larger than the one seen before."""
-    from ledger.client.state import save_seen
-
-    assert verdict.checkpoint is not None
-    if seen is None or verdict.checkpoint.size > Checkpoint.peek(seen).size:
-        save_seen(path, note)
-
-
-def _verify_bundle(args: argparse.Namespace, verifier: Any, origin: str,
-                   disclosure: Disclosure, seen: bytes | None, prompt: str | None) -> int:
+def _verify_bundle(args: argparse.Namespace, verifier: NoteVerifier, policy: TrustPolicy,
+                   disclosure: Disclosure, state: _State) -> int:
     from ledger.bundle import Bundle
-    bundle = Bundle.loads(args.bundle.read_bytes())
-    # Offline there is no proof between the remembered checkpoint and the bundle's, so
-    # the state can only be compared at equal sizes (where a split view shows).
-    comparable = seen if seen is not None and Checkpoint.peek(seen).size == Checkpoint.peek(
-        bundle.checkpoint).size else None
-    verdicts = []
-    for evidence in bundle.evidence(args.record_id):
-        verdict = verify_record(evidence, verifier, origin, seen_note=comparable,
-                                disclosure=disclosure if args.record_id else None)
-        _replay_check(verdict, args, prompt)
-        verdicts.append(verdict)
-    if args.record_id and not verdicts:
-        raise InvalidInputError("record_id", f"{args.record_id} is not in the bundle")
+
+    try:
+        bundle = Bundle.loads(args.bundle.read_bytes())
+    except OSError as exc:
+        raise InvalidInputError("--bundle", f"cannot read {args.bundle}: {exc.strerror}") from exc
+    origin = _origin(args, bundle.checkpoint)
+    anchor = _bundle_anchor(args, verifier, bundle)
+    for _ in range(STATE_ATTEMPTS):
+        seen = state.load_for(bundle.checkpoint)
+        verdicts = []
+        for evidence in bundle.evidence(args.record_id, seen):
+            if anchor is not None:
+                evidence = replace(evidence, **anchor)
+            verdict = verify_record(evidence, verifier, origin, seen_note=seen, policy=policy,
+                                    disclosure=disclosure if args.record_id else None)
+            verdicts.append(verdict)
+        if args.record_id and not verdicts:
+            raise InvalidInputError("record_id", f"{args.record_id} is not in the bundle")
+        # The bundle's checkpoint, once every record verified, is something we have seen.
+        if not verdicts or not all(v.ok for v in verdicts) or state.advance(bundle.checkpoint):
+            break
+    for verdict in verdicts:
+        _replay_check(verdict, args, disclosure.prompt)
     _report(verdicts, args)
-    return 0 if verdicts and all(v.ok for v in verdicts) else 1
+    return EXIT_OK if verdicts and all(v.ok for v in verdicts) else EXIT_CHECK_FAILED
+
+
+def _bundle_anchor(args: argparse.Namespace, verifier: NoteVerifier,
+                   bundle: Any) -> dict[str, Any] | None:
+    """With --fabric-*, the anchor read from the channel replaces the bundle's claim; its
+    consistency proof comes from the bundle's proofs from earlier sizes."""
+    reader, gateway = _fabric_reader(args, _origin(args, bundle.checkpoint))
+    if reader is None:
+        return None
+    try:
+        anchored = reader()
+    finally:
+        gateway.close()
+    if anchored is None:
+        return {"anchored_note": None, "anchor_ref": None, "anchor_from_fabric": False}
+    size = Checkpoint.peek(anchored[0]).size
+    proof = [] if size == bundle.size else bundle.consistency_from.get(size) \
+        if size < bundle.size else None
+    return {"anchored_note": anchored[0], "anchor_ref": anchored[1],
+            "anchor_consistency": proof, "anchor_from_fabric": True}
 
 
 def _report(verdicts: list[Verdict], args: argparse.Namespace) -> None:
+    trust = sorted({v.trust for v in verdicts if v.trust})
     if args.json:
         if len(verdicts) == 1:
             print_json(verdicts[0].to_dict())
         else:
             print_json({"verified": sum(v.ok for v in verdicts), "failed": sum(
-                not v.ok for v in verdicts), "results": [v.to_dict() for v in verdicts]})
+                not v.ok for v in verdicts), "trust": trust,
+                "results": [v.to_dict() for v in verdicts]})
         return
     if len(verdicts) == 1:
         _print_verdict(verdicts[0])
@@ -195,4 +341,6 @@ def _report(verdicts: list[Verdict], args: argparse.Namespace) -> None:
     failed = [v for v in verdicts if not v.ok]
     for verdict in failed:
         _print_verdict(verdict)
-    print(f"{len(verdicts) - len(failed)} of {len(verdicts)} records verified", file=sys.stdout)
+    print(f"{len(verdicts) - len(failed)} of {len(verdicts)} records verified")
+    if SELF_ANCHORED in trust:
+        print("SELF-ANCHORED: only the operator's own anchor vouches for this checkpoint")

@@ -1,14 +1,16 @@
 """Evidence bundles: one self-contained JSON file to verify records with no server.
 
-Format ``audit-ledger-bundle/v1`` (all hashes hex, record bytes base64)::
+Format ``audit-ledger-bundle/v2`` (all hashes hex, record bytes base64)::
 
     {
-      "format": "audit-ledger-bundle/v1",
+      "format": "audit-ledger-bundle/v2",
       "origin": "<log origin>",
       "log_key": "<verifier key, informational: verifiers pin their own>",
-      "checkpoint": "<signed checkpoint note that every proof leads to>",
+      "checkpoint": "<signed checkpoint note that every proof leads to; it may carry
+                     witness cosignature lines after the log's signature>",
       "anchor": {"checkpoint": "<anchored note>", "ref": "<where>",
                  "consistency": ["<hex>", ...]} | null,
+      "consistency_from": {"<earlier size>": ["<hex>", ...], ...},
       "entries": [
         {"record_id": "...", "leaf_index": 7, "canonical": "<base64 of the exact bytes>",
          "inclusion_proof": ["<hex>", ...]}
@@ -16,21 +18,28 @@ Format ``audit-ledger-bundle/v1`` (all hashes hex, record bytes base64)::
     }
 
 ``anchor.consistency`` links the bundle's checkpoint and the anchored one (smaller size
-first). Nothing in a bundle is trusted: every entry is verified like online evidence.
+first). ``consistency_from`` holds, for each earlier checkpoint size the log published
+(by default the latest 1000; all from N on with the exporter's ``--since-size N``), the
+consistency proof from that size to the bundle's: a verifier that already saw a
+checkpoint of that size can prove offline that the bundle extends it. Nothing in a
+bundle is trusted: every entry is verified like online evidence. Version 1 files (no
+``consistency_from``) are still read.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.errors import InvalidInputError
+from ledger.checkpoint import Checkpoint
+from ledger.errors import InvalidInputError, LedgerError
 from ledger.verify import Evidence
 
-BUNDLE_FORMAT = "audit-ledger-bundle/v1"
+BUNDLE_FORMAT = "audit-ledger-bundle/v2"
+READABLE_FORMATS = ("audit-ledger-bundle/v1", BUNDLE_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,16 @@ class Bundle:
     anchored: bytes | None = None
     anchor_ref: str | None = None
     anchor_consistency: Sequence[bytes] = ()
+    # Earlier checkpoint size -> consistency proof from it to this bundle's checkpoint.
+    consistency_from: Mapping[int, Sequence[bytes]] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        """The checkpoint's size (-1 when unreadable: check 3 will say why)."""
+        try:
+            return Checkpoint.peek(self.checkpoint).size
+        except LedgerError:
+            return -1
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -60,6 +79,8 @@ class Bundle:
             "anchor": None if self.anchored is None else {
                 "checkpoint": self.anchored.decode(), "ref": self.anchor_ref,
                 "consistency": [h.hex() for h in self.anchor_consistency]},
+            "consistency_from": {str(size): [h.hex() for h in proof]
+                                 for size, proof in sorted(self.consistency_from.items())},
             "entries": [{"record_id": e.record_id, "leaf_index": e.leaf_index,
                          "canonical": base64.b64encode(e.canonical).decode(),
                          "inclusion_proof": [h.hex() for h in e.inclusion_proof]}
@@ -73,8 +94,8 @@ class Bundle:
     def loads(cls, text: str | bytes) -> Bundle:
         try:
             data = json.loads(text)
-            if data.get("format") != BUNDLE_FORMAT:
-                raise InvalidInputError("bundle", f"not an {BUNDLE_FORMAT} file")
+            if data.get("format") not in READABLE_FORMATS:
+                raise InvalidInputError("bundle", f"not an {BUNDLE_FORMAT} (or v1) file")
             anchor = data.get("anchor")
             return cls(
                 origin=str(data["origin"]), log_key=str(data["log_key"]),
@@ -87,13 +108,23 @@ class Bundle:
                 anchor_ref=str(anchor["ref"]) if anchor else None,
                 anchor_consistency=[bytes.fromhex(h) for h in anchor["consistency"]]
                 if anchor else (),
+                consistency_from={int(size): [bytes.fromhex(h) for h in proof]
+                                  for size, proof in data.get("consistency_from", {}).items()},
             )
         except InvalidInputError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise InvalidInputError("bundle", f"malformed bundle: {exc}") from exc
 
-    def evidence(self, record_id: str | None = None) -> Iterator[Evidence]:
+    def evidence(self, record_id: str | None = None,
+                 seen_note: bytes | None = None) -> Iterator[Evidence]:
+        """Evidence per entry; with ``seen_note`` (the verifier's state), the proof from
+        its size when the bundle carries one (None when it does not)."""
+        seen_consistency: Sequence[bytes] | None = ()
+        if seen_note is not None:
+            seen_size = Checkpoint.peek(seen_note).size
+            if seen_size < self.size:
+                seen_consistency = self.consistency_from.get(seen_size)
         for entry in self.entries:
             if record_id is not None and entry.record_id != record_id:
                 continue
@@ -102,4 +133,5 @@ class Bundle:
                 leaf_index=entry.leaf_index, inclusion_proof=entry.inclusion_proof,
                 checkpoint_note=self.checkpoint, anchored_note=self.anchored,
                 anchor_ref=self.anchor_ref, anchor_consistency=self.anchor_consistency,
+                seen_consistency=seen_consistency,
             )

@@ -41,11 +41,19 @@ def commit_text(salt: bytes, text: str) -> str:
     The salt is fixed-length, so the concatenation is unambiguous; without the salt a
     short prompt could be guessed from its hash.
     """
+    return commit_bytes(salt, text.encode("utf-8"))
+
+
+def commit_bytes(salt: bytes, data: bytes) -> str:
+    """Salted commitment of exact bytes: what ``commit_text`` commits to for a text."""
     if len(salt) != SALT_BYTES:
         raise InvalidInputError("salt", f"a salt has {SALT_BYTES} bytes, got {len(salt)}")
-    return sha256_digest(salt + text.encode("utf-8"))
+    return sha256_digest(salt + data)
 
 
-def commitment_matches(commitment: str, salt: bytes, text: str) -> bool:
-    """Constant-time check of a commitment against a salt and a text."""
-    return hmac.compare_digest(commit_text(salt, text), commitment)
+def commitment_matches(commitment: str, salt: bytes, data: bytes | str) -> bool:
+    """Constant-time check of a commitment against a salt and the committed bytes (a str
+    stands for its UTF-8 bytes). Bytes are compared as given: no line ending or trailing
+    newline is normalised, so a CRLF prompt opens only with its CRLF bytes."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    return hmac.compare_digest(commit_bytes(salt, raw), commitment)

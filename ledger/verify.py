@@ -1,40 +1,74 @@
 """Verification of one record from evidence: numbered checks, each passed or failed with
 its reason. Pure: evidence in, verdict out; fetching evidence is someone else's job.
 
+The numbers are stable (scripts and the README refer to them):
+
 1. the record's canonical bytes hash to its leaf hash (and name the asked-for record);
+   a source that answered but has no such record fails here too;
 2. the inclusion proof leads from that leaf to the checkpoint's root;
 3. the checkpoint is signed by the pinned log key;
-4. the checkpoint is consistent with the latest anchored checkpoint (which must exist)
-   and with the last checkpoint this verifier has already seen;
+4. the checkpoint is no rollback of, and no fork from, the last checkpoint this verifier
+   saw, is consistent with the anchored checkpoint, and someone other than the operator
+   vouches for it (a Fabric anchor read by the verifier, or a quorum of witnesses);
 5. a given prompt and salt open the input commitment; an output and salt the output one;
 6. replay (done by the caller; reported here as a check like the others).
+
+Evaluation order is 1, 3, 2, 4, 5: the signature is checked before the root it signs is
+used, so a forged checkpoint is blamed on check 3, never on the inclusion proof. The
+verdict lists checks by number whatever the order they ran in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from ledger import merkle
 from ledger.canonical import parse_strict
 from ledger.checkpoint import Checkpoint, NoteVerifier, check_extends
+from ledger.cosignature import WitnessKey, valid_cosigners
 from ledger.digest import commitment_matches
-from ledger.errors import LedgerError
+from ledger.error_map import EXIT_CHECK_FAILED, EXIT_OK
+from ledger.errors import LedgerError, VerificationError
 from ledger.record import validate_body
 
 CHECK_NAMES = {
     1: "record bytes hash to the leaf",
     2: "inclusion proof leads to the checkpoint root",
     3: "checkpoint signed by the pinned log key",
-    4: "checkpoint consistent with the anchor and with what this verifier saw before",
+    4: "checkpoint consistent with what this verifier saw, anchored and vouched for",
     5: "prompt and output open their commitments",
     6: "replay reproduces the output",
 }
 
+# Trust levels check 4 can reach (``Check.level``), strongest first.
+FABRIC = "fabric"
+WITNESSED = "witnessed"
+SELF_ANCHORED = "self-anchored"
 
-class AnchorMissingError(LedgerError):
+
+class AnchorMissingError(VerificationError):
     """No anchored checkpoint exists for the log."""
+
+
+class MissingProofError(VerificationError):
+    """A consistency proof the verifier needs was not provided."""
+
+
+class SelfAnchoredError(VerificationError):
+    """The only anchor is one the operator controls."""
+
+
+class QuorumError(VerificationError):
+    """Fewer valid witness cosignatures than the policy requires."""
+
+    def __init__(self, found: Sequence[str], missing: Sequence[str], quorum: int) -> None:
+        super().__init__(
+            f"witness quorum unmet: {len(found)} of {quorum} required cosignatures "
+            f"(valid: {', '.join(found) or 'none'}; missing: {', '.join(missing)})")
+        self.found, self.missing, self.quorum = list(found), list(missing), quorum
 
 
 @dataclass(frozen=True)
@@ -48,22 +82,48 @@ class Evidence:
     checkpoint_note: bytes
     anchored_note: bytes | None = None
     anchor_ref: str | None = None
-    # Consistency between the checkpoint and the anchored one (smaller size first).
-    anchor_consistency: Sequence[bytes] = ()
-    # Consistency between the verifier's last-seen checkpoint and this one.
-    seen_consistency: Sequence[bytes] = ()
+    # Consistency between the checkpoint and the anchored one (smaller size first);
+    # None: the source gave none.
+    anchor_consistency: Sequence[bytes] | None = ()
+    # Consistency from the verifier's last-seen checkpoint to this one; None: not given.
+    seen_consistency: Sequence[bytes] | None = ()
     # The leaf hash the log itself holds at leaf_index, when the source can tell.
     log_leaf_hash: bytes | None = None
+    # True only when the verifier read ``anchored_note`` from the Fabric channel itself;
+    # an anchor the source merely reports is the operator's word.
+    anchor_from_fabric: bool = False
 
 
 @dataclass(frozen=True)
 class Disclosure:
-    """What the verifier was given to open the commitments (all optional)."""
+    """What the verifier was given to open the commitments (all optional), as the exact
+    bytes that were committed to."""
 
-    prompt: str | None = None
+    prompt: bytes | None = None
     input_salt: bytes | None = None
-    output: str | None = None
+    output: bytes | None = None
     output_salt: bytes | None = None
+
+
+@dataclass(frozen=True)
+class TrustPolicy:
+    """Who, besides the operator, must vouch for a checkpoint (check 4).
+
+    ``fabric``: the caller read the anchor from a Fabric channel (a consistent Fabric
+    anchor passes). ``witnesses``/``quorum``: pinned witness keys and how many of them
+    must have cosigned (default: all). With neither, the local anchor is all there is:
+    the verdict is self-anchored, a failure unless ``accept_self_anchored``.
+    """
+
+    witnesses: Sequence[WitnessKey] = ()
+    quorum: int | None = None
+    fabric: bool = False
+    accept_self_anchored: bool = False
+    require_anchor: bool = True
+
+    @property
+    def required(self) -> int:
+        return len(self.witnesses) if self.quorum is None else self.quorum
 
 
 @dataclass
@@ -71,15 +131,24 @@ class Check:
     number: int
     passed: bool | None  # None: not run (nothing to check, or an earlier check failed)
     reason: str
+    # Check 4 only: which trust level made it pass (FABRIC, WITNESSED, SELF_ANCHORED).
+    level: str | None = None
 
     @property
     def name(self) -> str:
         return CHECK_NAMES[self.number]
 
+    @property
+    def status(self) -> str:
+        if self.passed is None:
+            return "skipped"
+        if not self.passed:
+            return "fail"
+        return SELF_ANCHORED if self.level == SELF_ANCHORED else "pass"
+
     def to_dict(self) -> dict[str, Any]:
-        status = "skipped" if self.passed is None else ("pass" if self.passed else "fail")
-        return {"check": self.number, "name": self.name, "status": status,
-                "reason": self.reason}
+        return {"check": self.number, "name": self.name, "status": self.status,
+                "reason": self.reason, "level": self.level}
 
 
 @dataclass
@@ -96,17 +165,46 @@ class Verdict:
 
     @property
     def failed(self) -> Check | None:
-        return next((c for c in self.checks if c.passed is False), None)
+        return next((c for c in sorted(self.checks, key=lambda c: c.number)
+                     if c.passed is False), None)
 
-    def add(self, number: int, passed: bool | None, reason: str) -> bool:
-        self.checks.append(Check(number, passed, reason))
+    @property
+    def trust(self) -> str | None:
+        """The trust level check 4 reached (None when it did not pass)."""
+        return next((c.level for c in self.checks if c.number == 4 and c.passed), None)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.ok else EXIT_CHECK_FAILED
+
+    @property
+    def summary(self) -> str:
+        if self.ok:
+            if self.trust == SELF_ANCHORED:
+                return "SELF-ANCHORED (verified against the operator's own anchor only)"
+            return "VERIFIED"
+        failed = self.failed
+        return f"NOT VERIFIED (check {failed.number} failed)" if failed else "NOT VERIFIED"
+
+    def add(self, number: int, passed: bool | None, reason: str,
+            level: str | None = None) -> bool:
+        self.checks.append(Check(number, passed, reason, level))
+        self.checks.sort(key=lambda c: c.number)
         return passed is not False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"record_id": self.record_id, "verified": self.ok,
+        return {"record_id": self.record_id, "verified": self.ok, "trust": self.trust,
+                "summary": self.summary,
                 "failed_check": self.failed.number if self.failed else None,
                 "tree_size": self.checkpoint.size if self.checkpoint else None,
                 "checks": [c.to_dict() for c in self.checks]}
+
+
+def record_missing(record_id: str, reason: str) -> Verdict:
+    """The verdict when a source that answered has no such record: check 1 fails."""
+    verdict = Verdict(record_id)
+    verdict.add(1, False, f"the log has no record {record_id!r}: {reason}")
+    return _skip_rest(verdict, {2, 3, 4, 5})
 
 
 def verify_record(
@@ -116,78 +214,142 @@ def verify_record(
     *,
     seen_note: bytes | None = None,
     disclosure: Disclosure | None = None,
-    require_anchor: bool = True,
+    policy: TrustPolicy | None = None,
 ) -> Verdict:
-    """Run checks 1-5 in order; a failed check stops the ones that depend on it."""
+    """Run checks 1-5 (in the order 1, 3, 2, 4, 5); a failed check stops the ones that
+    depend on it."""
+    policy = policy or TrustPolicy()
     verdict = Verdict(evidence.record_id)
     leaf = merkle.hash_leaf(evidence.canonical)
 
     # Check 1: bytes -> leaf hash, and the bytes are the record that was asked for.
     # (Canonical spelling is the writer's job and fsck's; here the bytes must only have
     # one meaning: no duplicate keys, no NaN.)
+    body = _check_record(verdict, evidence, leaf)
+    if body is None:
+        return _skip_rest(verdict, {2, 3, 4, 5})
+
+    # Check 3 before 2: the root is only worth proving against once it is authentic.
+    try:
+        checkpoint = verifier.open_checkpoint(evidence.checkpoint_note, origin)
+    except LedgerError as exc:
+        verdict.add(3, False, str(exc))
+        return _skip_rest(verdict, {2, 4, 5}, "not run: the checkpoint is not authentic")
+    verdict.checkpoint = checkpoint
+    verdict.add(3, True, f"signed by {verifier.name}+{verifier.key_hash.hex()}")
+
+    # Check 2: inclusion in the (now authentic) checkpoint.
+    try:
+        merkle.verify_inclusion(leaf, evidence.leaf_index, checkpoint.size,
+                                evidence.inclusion_proof, checkpoint.root)
+    except LedgerError as exc:
+        verdict.add(2, False, f"inclusion proof does not hold: {exc}")
+        return _skip_rest(verdict, {4, 5})
+    verdict.add(2, True, f"leaf {evidence.leaf_index} is in the tree of size {checkpoint.size}")
+
+    # Check 4: no rollback or fork, anchored, and vouched for by someone else.
+    try:
+        reasons, level = _check_history(evidence, verifier, origin, checkpoint, seen_note,
+                                        policy)
+    except LedgerError as exc:
+        verdict.add(4, False, f"{type(exc).__name__}: {exc}")
+        return _skip_rest(verdict, {5})
+    verdict.add(4, True, "; ".join(reasons), level)
+
+    _check_disclosure(verdict, body, disclosure or Disclosure())
+    return verdict
+
+
+def _check_record(verdict: Verdict, evidence: Evidence, leaf: bytes) -> dict[str, Any] | None:
     try:
         body = parse_strict(evidence.canonical)
         validate_body(body)
     except LedgerError as exc:
         verdict.add(1, False, f"record bytes are not an audit record: {exc}")
-        return _skip_rest(verdict, 2)
+        return None
     if not isinstance(body, dict) or body.get("record_id") != evidence.record_id:
         got = body.get("record_id") if isinstance(body, dict) else None
         verdict.add(1, False, f"bytes are record {got!r}, not {evidence.record_id!r}")
-        return _skip_rest(verdict, 2)
+        return None
     if evidence.log_leaf_hash is not None and evidence.log_leaf_hash != leaf:
         verdict.add(1, False, f"record bytes hash to {leaf.hex()}, the log holds "
                     f"{evidence.log_leaf_hash.hex()} at index {evidence.leaf_index}")
-        return _skip_rest(verdict, 2)
+        return None
     verdict.record = body
     verdict.add(1, True, f"leaf hash {leaf.hex()} at index {evidence.leaf_index}")
+    return body
 
-    # Check 2: inclusion in the checkpoint (read unsigned here, signature is check 3).
-    try:
-        claimed = Checkpoint.peek(evidence.checkpoint_note)
-        merkle.verify_inclusion(leaf, evidence.leaf_index, claimed.size,
-                                evidence.inclusion_proof, claimed.root)
-    except LedgerError as exc:
-        verdict.add(2, False, f"inclusion proof does not hold: {exc}")
-        return _skip_rest(verdict, 3)
-    verdict.add(2, True, f"leaf {evidence.leaf_index} is in the tree of size {claimed.size}")
 
-    # Check 3: the checkpoint's signature, under the key the verifier pinned.
-    try:
-        checkpoint = verifier.open_checkpoint(evidence.checkpoint_note, origin)
-    except LedgerError as exc:
-        verdict.add(3, False, str(exc))
-        return _skip_rest(verdict, 4)
-    verdict.checkpoint = checkpoint
-    verdict.add(3, True, f"signed by {verifier.name}+{verifier.key_hash.hex()}")
-
-    # Check 4: anchored and not a split view.
+def _check_history(evidence: Evidence, verifier: NoteVerifier, origin: str,
+                   checkpoint: Checkpoint, seen_note: bytes | None,
+                   policy: TrustPolicy) -> tuple[list[str], str]:
+    """Check 4. Raises the error that names the failure; returns reasons and level."""
     reasons = []
-    try:
-        if evidence.anchored_note is None:
-            if require_anchor:
-                raise AnchorMissingError("no anchored checkpoint was found for this log")
-            reasons.append("no anchor required")
-        else:
-            anchored = verifier.open_checkpoint(evidence.anchored_note, origin)
-            older, newer = sorted((anchored, checkpoint), key=lambda c: c.size)
-            check_extends(older, newer, evidence.anchor_consistency)
-            reasons.append(f"consistent with anchored size {anchored.size} "
-                           f"({evidence.anchor_ref or 'no reference'})")
-        if seen_note is not None:
-            # The source's newest checkpoint may not be older than one already seen.
-            seen = verifier.open_checkpoint(seen_note, origin)
-            check_extends(seen, checkpoint, evidence.seen_consistency)
-            reasons.append(f"consistent with previously seen size {seen.size}")
-        else:
-            reasons.append("first checkpoint this verifier has seen")
-    except LedgerError as exc:
-        verdict.add(4, False, f"{type(exc).__name__}: {exc}")
-        return _skip_rest(verdict, 5)
-    verdict.add(4, True, "; ".join(reasons))
+    # (a) What this verifier saw before. Smaller is a rollback and equal-size-other-root
+    # a fork, whatever else the source says: neither needs a proof to be seen.
+    if seen_note is not None:
+        seen = verifier.open_checkpoint(seen_note, origin)
+        if checkpoint.size > seen.size and evidence.seen_consistency is None:
+            raise MissingProofError(
+                f"no consistency proof from the size {seen.size} this verifier saw to "
+                f"size {checkpoint.size} (a bundle carries proofs only from the sizes it "
+                f"was exported for: ask for one exported with --since-size {seen.size})")
+        check_extends(seen, checkpoint, evidence.seen_consistency or ())
+        reasons.append(f"extends the size {seen.size} this verifier saw before"
+                       if checkpoint.size > seen.size else
+                       f"same tree as the size {seen.size} this verifier saw before")
+    else:
+        reasons.append("first checkpoint this verifier has seen of this log")
 
-    # Check 5: commitments, when something was disclosed.
-    disclosure = disclosure or Disclosure()
+    # (b) The anchored checkpoint: authentic and on the same history.
+    anchored: Checkpoint | None = None
+    if evidence.anchored_note is not None:
+        anchored = verifier.open_checkpoint(evidence.anchored_note, origin)
+        older, newer = sorted((anchored, checkpoint), key=lambda c: c.size)
+        if older.size < newer.size and evidence.anchor_consistency is None:
+            raise MissingProofError(f"no consistency proof between the anchored size "
+                                    f"{anchored.size} and size {checkpoint.size}")
+        check_extends(older, newer, evidence.anchor_consistency or ())
+        reasons.append(f"consistent with anchored size {anchored.size} "
+                       f"({evidence.anchor_ref or 'no reference'})")
+
+    # (c) Who vouches for it besides the operator.
+    if policy.fabric and evidence.anchor_from_fabric and anchored is not None:
+        return reasons + ["anchored on Fabric"], FABRIC
+    if policy.witnesses:
+        notes = [evidence.checkpoint_note]
+        if anchored is not None and anchored.size > evidence.leaf_index:
+            notes.append(evidence.anchored_note or b"")
+        found: dict[str, int] = {}
+        for note in notes:
+            found.update(_cosigners(note, tuple(policy.witnesses)))
+        if len(found) >= policy.required:
+            return reasons + [f"cosigned by {len(found)} of {len(policy.witnesses)} "
+                              f"pinned witnesses ({', '.join(sorted(found))}; quorum "
+                              f"{policy.required})"], WITNESSED
+        missing = [w.name for w in policy.witnesses if w.name not in found]
+        raise QuorumError(sorted(found), missing, policy.required)
+    if policy.fabric:
+        raise AnchorMissingError("no anchored checkpoint for this log on the Fabric channel")
+    if anchored is None and policy.require_anchor:
+        raise AnchorMissingError("no anchored checkpoint was found for this log")
+    where = evidence.anchor_ref or "no anchor"
+    if not policy.accept_self_anchored:
+        raise SelfAnchoredError(
+            f"self-anchored: the only anchor ({where}) is kept by the operator, who "
+            "vouches for itself; check a Fabric anchor (--fabric-*) or witness "
+            "cosignatures (--witness), or accept this with --accept-self-anchored")
+    return reasons + [f"SELF-ANCHORED: only the operator's own anchor ({where}); "
+                      "accepted by --accept-self-anchored"], SELF_ANCHORED
+
+
+@lru_cache(maxsize=64)
+def _cosigners(note: bytes, witnesses: tuple[WitnessKey, ...]) -> dict[str, int]:
+    # A bundle repeats one checkpoint for every record: check its cosignatures once.
+    return valid_cosigners(note, witnesses)
+
+
+def _check_disclosure(verdict: Verdict, body: dict[str, Any], disclosure: Disclosure) -> None:
     data = body.get("data", {})
     opened, failures, notes = [], [], []
     for label, text, salt, key in (
@@ -210,10 +372,11 @@ def verify_record(
         verdict.add(5, True, f"{' and '.join(opened)} match the record")
     else:
         verdict.add(5, None, "; ".join(notes) or "no prompt or output given")
-    return verdict
 
 
-def _skip_rest(verdict: Verdict, start: int) -> Verdict:
-    for number in range(start, 6):
-        verdict.add(number, None, "not run: an earlier check failed")
+def _skip_rest(verdict: Verdict, numbers: set[int],
+               reason: str = "not run: an earlier check failed") -> Verdict:
+    for number in sorted(numbers):
+        verdict.add(number, None, reason)
     return verdict
+

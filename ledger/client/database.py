@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ledger.anchor.local import LocalAnchor
 from ledger.client.sources import RecordEvidence, RecordNotFoundError
-from ledger.errors import BackendError
+from ledger.errors import BackendError, InvalidInputError
 from ledger.store.sql import SqlLedger
 from ledger.witness.cosignatures import cosigned_note
 
@@ -17,8 +17,14 @@ class DatabaseSource:
         row = self.ledger.get_record(record_id)
         if row is None:
             raise RecordNotFoundError(f"no record {record_id!r} in the database")
-        return RecordEvidence(record_id, row.canonical, row.leaf_index,
-                              self.ledger.leaf_hash(row.leaf_index), row.anchor_ref)
+        try:
+            leaf = self.ledger.leaf_hash(row.leaf_index)
+        except (InvalidInputError, LookupError) as exc:
+            # A mirror row (fabricated, or left from another history) pointing at a leaf
+            # the log does not have: the log has no such record (check 1), not a bad input.
+            raise RecordNotFoundError(f"the mirror row of {record_id!r} points at leaf "
+                                      f"{row.leaf_index}, which the log does not hold") from exc
+        return RecordEvidence(record_id, row.canonical, row.leaf_index, leaf, row.anchor_ref)
 
     def inclusion(self, record: RecordEvidence) -> tuple[list[bytes], bytes]:
         latest = self.ledger.latest_checkpoint()

@@ -16,11 +16,16 @@ from ledger.store.sql import SqlLedger
 from ledger.witness.cosignatures import cosigned_note
 
 Progress = Callable[[int, int | None], None]
+DEFAULT_EARLIER_SIZES = 1000
 
 
 def export_from_db(url: str, since: datetime | None, until: datetime | None,
                    filters: dict[str, str], progress: Progress | None = None,
-                   log_key: str = "") -> Bundle:
+                   log_key: str = "", since_size: int | None = None) -> Bundle:
+    """A bundle of the matching records at the latest checkpoint, with consistency proofs
+    from every earlier checkpoint size >= ``since_size`` (see ``ledger.bundle``); by
+    default from the latest ``DEFAULT_EARLIER_SIZES`` checkpoint sizes (a log sealing
+    every second publishes 86,400 a day: proofs from all of them would swamp a bundle)."""
     with SqlLedger(url) as ledger:
         latest = ledger.latest_checkpoint()
         if latest is None:
@@ -44,15 +49,24 @@ def export_from_db(url: str, since: datetime | None, until: datetime | None,
         if anchored is not None:
             low, high = sorted((anchored.size, latest.size))
             consistency = ledger.consistency_proof(low, high) if low < high else []
+        earlier = [c.size for c in ledger.iter_checkpoints()
+                   if max(since_size or 0, 1) <= c.size < latest.size]
+        if since_size is None:
+            earlier = earlier[-DEFAULT_EARLIER_SIZES:]
+        proofs_from = {s: ledger.consistency_proof(s, latest.size) for s in earlier}
         origin = latest.note.split(b"\n", 1)[0].decode()
         return Bundle(origin, log_key, cosigned_note(ledger, latest.size, latest.note), entries,
                       anchored.note if anchored else None, anchored.ref if anchored else None,
-                      consistency)
+                      consistency, proofs_from)
 
 
 def export_from_server(base_url: str, api_key: str, since: datetime | None,
                        until: datetime | None, filters: dict[str, str],
-                       progress: Progress | None = None) -> Bundle:
+                       progress: Progress | None = None,
+                       since_sizes: tuple[int, ...] = ()) -> Bundle:
+    """A bundle from a server's auditor routes. The server lists no past checkpoints, so
+    the consistency proofs carried are those from the anchored size and from each of
+    ``since_sizes`` (a verifier's last-seen size, e.g. ``export --since-size N``)."""
     server = ServerSource(base_url, api_key)
     latest = server.get("/v1/checkpoints/latest")
     note, size = latest["checkpoint"].encode(), int(latest["tree_size"])
@@ -83,9 +97,13 @@ def export_from_server(base_url: str, api_key: str, since: datetime | None,
             break
     anchored = server.anchored()
     consistency: list[bytes] = []
+    starts = set(since_sizes)
     if anchored is not None:
         low, high = sorted((Checkpoint.peek(anchored[0]).size, size))
         consistency = server.consistency(low, high) if low < high else []
+        starts.add(low)
+    proofs_from = {start: server.consistency(start, size) for start in sorted(starts)
+                   if 0 < start < size}
     return Bundle(key["origin"], key["verifier_key"], note, entries,
                   anchored[0] if anchored else None, anchored[1] if anchored else None,
-                  consistency)
+                  consistency, proofs_from)

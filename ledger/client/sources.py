@@ -39,10 +39,19 @@ class EvidenceSource(Protocol):
     def anchored(self) -> tuple[bytes, str] | None: ...
 
 
-def gather(source: EvidenceSource, record_id: str, seen_note: bytes | None,
+def gather(source: EvidenceSource, record_id: str,
+           seen_note: bytes | None | Callable[[bytes], bytes | None],
            anchor_reader: Callable[[], tuple[bytes, str] | None] | None = None) -> Evidence:
     """Fetch one record's evidence: bytes, inclusion proof, checkpoint, anchor and the
-    consistency proofs that link the checkpoint to the anchor and to ``seen_note``.
+    consistency proofs that link the checkpoint to the anchor and to ``seen_note`` (the
+    verifier's last-seen checkpoint, or a function of the source's checkpoint note that
+    returns it, for a verifier that keeps one state per log).
+
+    Only proofs that can exist are asked for: none from a seen checkpoint at least as
+    large as the source's (a rollback or a fork shows without one, and a source
+    pretending to be smaller could not produce one). A proof the source refuses to give
+    is left out (None) for ``ledger.verify`` to fail check 4 on; only an unreachable
+    source is an error here.
 
     ``anchor_reader`` reads the anchored checkpoint from the anchor itself (the Fabric
     channel) instead of trusting the source's word for it.
@@ -51,15 +60,18 @@ def gather(source: EvidenceSource, record_id: str, seen_note: bytes | None,
     proof, note = source.inclusion(record)
     size = Checkpoint.peek(note).size
     anchored = anchor_reader() if anchor_reader is not None else source.anchored()
-    anchor_consistency: list[bytes] = []
+    anchor_consistency: list[bytes] | None = []
     if anchored is not None:
         anchored_size = Checkpoint.peek(anchored[0]).size
         low, high = sorted((anchored_size, size))
-        anchor_consistency = source.consistency(low, high) if low < high else []
-    seen_consistency: list[bytes] = []
+        anchor_consistency = _proof(source, low, high)
+    seen_consistency: list[bytes] | None = []
+    if callable(seen_note):
+        seen_note = seen_note(note)
     if seen_note is not None:
-        low, high = sorted((Checkpoint.peek(seen_note).size, size))
-        seen_consistency = source.consistency(low, high) if low < high else []
+        seen_size = Checkpoint.peek(seen_note).size
+        if seen_size < size:
+            seen_consistency = _proof(source, seen_size, size)
     return Evidence(
         record_id=record_id, canonical=record.canonical, leaf_index=record.leaf_index,
         inclusion_proof=proof, checkpoint_note=note,
@@ -67,7 +79,19 @@ def gather(source: EvidenceSource, record_id: str, seen_note: bytes | None,
         anchor_ref=anchored[1] if anchored else record.anchor_ref,
         anchor_consistency=anchor_consistency, seen_consistency=seen_consistency,
         log_leaf_hash=record.log_leaf_hash,
+        anchor_from_fabric=anchor_reader is not None and anchored is not None,
     )
+
+
+def _proof(source: EvidenceSource, low: int, high: int) -> list[bytes] | None:
+    if low >= high:
+        return []
+    try:
+        return source.consistency(low, high)
+    except BackendUnavailableError:
+        raise
+    except (BackendError, InvalidInputError):
+        return None  # the source answered but could not prove it: check 4 will say so
 
 
 class ServerSource:

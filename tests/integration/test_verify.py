@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import json
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,9 +27,15 @@ from inference_wrapper.server.app import (
 )
 from inference_wrapper.server.settings import Settings
 from ledger.checkpoint import Checkpoint, NoteSigner
+from ledger.cosignature import add_cosignatures
 from ledger.store.schema import records
+from ledger.store.sql import SqlLedger
+from tests.records import make_record
+from tests.simulator import witnesses
 
 PROMPT = "Approve the loan for applicant 42?"
+# The embedded local anchor is the operator's own: verifying against it is an explicit choice.
+SELF = ("--accept-self-anchored",)
 
 
 class Service:
@@ -88,13 +96,13 @@ async def test_genuine_record_verifies_online_with_prompt_and_output(
     (tmp_path / "output.txt").write_text(answer["output"])
     code, result = await cli(
         capsys, "verify", answer["record_id"], "--server", service.url, "--api-key", service.token,
-        "--log-key", service.log_key, "--prompt-file", str(tmp_path / "prompt.txt"),
+        "--log-key", service.log_key, *SELF, "--prompt-file", str(tmp_path / "prompt.txt"),
         "--input-salt", answer["input_salt"], "--output-file", str(tmp_path / "output.txt"),
         "--output-salt", answer["output_salt"], "--json")
     assert code == 0, result
-    assert [c["status"] for c in result["checks"]] == ["pass"] * 5
-    assert "local:" in result["checks"][3]["reason"]
-    state = list((tmp_path / "home" / "verifier").iterdir())
+    assert [c["status"] for c in result["checks"]] == ["pass"] * 3 + ["self-anchored", "pass"]
+    assert "local:" in result["checks"][3]["reason"] and result["trust"] == "self-anchored"
+    state = list((tmp_path / "home" / "verifier").glob("*.note"))
     assert len(state) == 1 and b"\n1\n" in state[0].read_bytes()
 
 
@@ -104,7 +112,7 @@ async def test_genuine_record_verifies_from_the_database(
     answer = await service.generate()
     service.seal()
     code, result = await cli(capsys, "verify", answer["record_id"], "--db",
-                             service.settings.database_url, "--log-key", service.log_key,
+                             service.settings.database_url, "--log-key", service.log_key, *SELF,
                              "--json")
     assert code == 0 and result["verified"], result
 
@@ -119,13 +127,13 @@ async def test_bundle_verifies_offline_and_names_each_record(
                         "--bundle", str(bundle))
     assert code == 0
     code, result = await cli(capsys, "verify", "--bundle", str(bundle), "--log-key",
-                             service.log_key, "--json")
+                             service.log_key, *SELF, "--json")
     assert code == 0 and result["verified"] == 5 and result["failed"] == 0
     db_bundle = tmp_path / "db.json"
     code, _ = await cli(capsys, "export", "--db", service.settings.database_url, "--bundle",
                         str(db_bundle))
     code, one = await cli(capsys, "verify", answers[2]["record_id"], "--bundle", str(db_bundle),
-                          "--log-key", service.log_key, "--json")
+                          "--log-key", service.log_key, *SELF, "--json")
     assert code == 0 and one["verified"]
 
 
@@ -142,7 +150,8 @@ async def test_one_changed_byte_in_the_record_fails_check_1(
                      .values(canonical=edited))
     engine.dispose()
     code, result = await cli(capsys, "verify", answer["record_id"], "--db",
-                             service.settings.database_url, "--log-key", service.log_key, "--json")
+                             service.settings.database_url, "--log-key", service.log_key,
+                             *SELF, "--json")
     assert code == 1 and failed_check(result) == 1
     assert "the log holds" in result["checks"][0]["reason"]
 
@@ -157,7 +166,7 @@ async def test_wrong_prompt_or_salt_fails_check_5(
     salt = "00" * 32 if which == "salt" else answer["input_salt"]
     (tmp_path / "p.txt").write_text(prompt)
     code, result = await cli(capsys, "verify", answer["record_id"], "--db",
-                             service.settings.database_url, "--log-key", service.log_key,
+                             service.settings.database_url, "--log-key", service.log_key, *SELF,
                              "--prompt-file", str(tmp_path / "p.txt"), "--input-salt", salt,
                              "--json")
     assert code == 1 and failed_check(result) == 5
@@ -180,7 +189,7 @@ async def test_checkpoint_signed_by_another_key_fails_check_3(
 async def test_unreachable_server_exits_3(service: Service,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     code, _ = await cli(capsys, "verify", "some-id", "--server", "http://127.0.0.1:9",
-                        "--api-key", "x", "--log-key", service.log_key)
+                        "--api-key", "x", "--log-key", service.log_key, *SELF)
     assert code == 3
 
 
@@ -244,7 +253,7 @@ async def test_lying_server_proof_for_another_leaf_fails_check_2(
 
     url = await lying_server(aiohttp_client, service, answers[1]["record_id"], lie)
     code, result = await cli(capsys, "verify", answers[1]["record_id"], "--server", url,
-                             "--api-key", "k", "--log-key", service.log_key, "--json")
+                             "--api-key", "k", "--log-key", service.log_key, *SELF, "--json")
     assert code == 1 and failed_check(result) == 2
     assert "root mismatch" in result["checks"][1]["reason"]
 
@@ -261,7 +270,7 @@ async def test_lying_server_fabricated_checkpoint_fails_check_3(
 
     url = await lying_server(aiohttp_client, service, answers[0]["record_id"], lie)
     code, result = await cli(capsys, "verify", answers[0]["record_id"], "--server", url,
-                             "--api-key", "k", "--log-key", service.log_key, "--json")
+                             "--api-key", "k", "--log-key", service.log_key, *SELF, "--json")
     assert code == 1 and failed_check(result) == 3
 
 
@@ -280,7 +289,7 @@ async def test_lying_server_truncated_consistency_proof_fails_check_4(
 
     url = await lying_server(aiohttp_client, service, answers[2]["record_id"], lie)
     code, result = await cli(capsys, "verify", answers[2]["record_id"], "--server", url,
-                             "--api-key", "k", "--log-key", service.log_key, "--json")
+                             "--api-key", "k", "--log-key", service.log_key, *SELF, "--json")
     assert code == 1 and failed_check(result) == 4
     assert "MalformedProofError" in result["checks"][3]["reason"] or \
         "RootMismatchError" in result["checks"][3]["reason"]
@@ -292,7 +301,7 @@ async def test_rolled_back_checkpoint_fails_check_4(
     answers = await _three_records(service)
     state = tmp_path / "state.note"
     code, _ = await cli(capsys, "verify", answers[2]["record_id"], "--db",
-                        service.settings.database_url, "--log-key", service.log_key,
+                        service.settings.database_url, "--log-key", service.log_key, *SELF,
                         "--state", str(state))
     assert code == 0 and b"\n3\n" in state.read_bytes()
     # The log is rolled back to the size-2 checkpoint: its newer history removed.
@@ -304,7 +313,7 @@ async def test_rolled_back_checkpoint_fails_check_4(
         conn.execute(delete(anchors).where(anchors.c.size == 3))
     engine.dispose()
     code, result = await cli(capsys, "verify", answers[0]["record_id"], "--db",
-                             service.settings.database_url, "--log-key", service.log_key,
+                             service.settings.database_url, "--log-key", service.log_key, *SELF,
                              "--state", str(state), "--json")
     assert code == 1 and failed_check(result) == 4
     assert "RollbackError" in result["checks"][3]["reason"]
@@ -319,7 +328,7 @@ async def test_split_view_same_size_other_root_fails_check_4(
     # This verifier was once shown another tree of size 3, signed with the log's key.
     state.write_bytes(service.app[SIGNER].sign_checkpoint(Checkpoint(origin, 3, bytes(32))))
     code, result = await cli(capsys, "verify", answers[1]["record_id"], "--db",
-                             service.settings.database_url, "--log-key", service.log_key,
+                             service.settings.database_url, "--log-key", service.log_key, *SELF,
                              "--state", str(state), "--json")
     assert code == 1 and failed_check(result) == 4
     assert "ForkError" in result["checks"][3]["reason"]
@@ -360,7 +369,7 @@ async def test_replay_reproduces_the_output_token_digest(
     (tmp_path / "p.txt").write_text(PROMPT)
     manifest = tiny_model_dir.parent / "tiny-llama.manifest.json"
     code, result = await cli(capsys, "verify", answer["record_id"], "--db",
-                             service.settings.database_url, "--log-key", service.log_key,
+                             service.settings.database_url, "--log-key", service.log_key, *SELF,
                              "--prompt-file", str(tmp_path / "p.txt"), "--input-salt",
                              answer["input_salt"], "--replay", "--model-dir",
                              str(tiny_model_dir), "--model-manifest", str(manifest), "--json")
@@ -380,7 +389,7 @@ async def test_replay_against_another_model_is_refused(
     build_tiny_model(other, seed=99)
     (tmp_path / "p.txt").write_text(PROMPT)
     code, out = await cli(capsys, "verify", answer["record_id"], "--db",
-                          service.settings.database_url, "--log-key", service.log_key,
+                          service.settings.database_url, "--log-key", service.log_key, *SELF,
                           "--prompt-file", str(tmp_path / "p.txt"), "--replay",
                           "--model-dir", str(other))
     assert code == 2, out
@@ -400,5 +409,320 @@ async def test_lying_server_bytes_of_another_record_fail_check_1(
 
     url = await lying_server(aiohttp_client, service, answers[1]["record_id"], lie)
     code, result = await cli(capsys, "verify", answers[1]["record_id"], "--server", url,
-                             "--api-key", "k", "--log-key", service.log_key, "--json")
+                             "--api-key", "k", "--log-key", service.log_key, *SELF, "--json")
     assert code == 1 and failed_check(result) == 1
+
+
+# --- issue 9: rollback and fork from every source, offline included -------------------
+
+
+def copy_database(service: Service, target: Path) -> str:
+    """A consistent copy of the service's SQLite ledger (what an operator restores)."""
+    source = sqlite3.connect(service.settings.database_url.removeprefix("sqlite:///"))
+    copy_db = sqlite3.connect(target)
+    with copy_db:
+        source.backup(copy_db)
+    source.close()
+    copy_db.close()
+    return f"sqlite:///{target}"
+
+
+def grow(service: Service, url: str, count: int, tag: str) -> None:
+    """Append ``count`` records to the log at ``url`` and seal, with the log's own key."""
+    with SqlLedger(url) as ledger:
+        for i in range(count):
+            ledger.append(make_record(100 + i, tenant=tag))
+        ledger.seal_checkpoint(service.app[SIGNER], service.app[SETTINGS].origin)
+
+
+async def verify_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
+    return await cli(capsys, "verify", *argv, "--json")
+
+
+async def test_older_and_forked_bundles_fail_check_4_offline_after_a_newer_checkpoint(
+    service: Service, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    answers = [await service.generate(f"p{i}") for i in range(3)]
+    service.seal()
+    db = service.settings.database_url
+    old = tmp_path / "old.json"
+    assert (await cli(capsys, "export", "--db", db, "--bundle", str(old)))[0] == 0
+    fork_url = copy_database(service, tmp_path / "fork.db")
+    for i in range(2):
+        await service.generate(f"q{i}")
+    service.seal()
+    state = tmp_path / "state.note"
+    key = ("--log-key", service.log_key, *SELF, "--state", str(state))
+    code, result = await verify_json(capsys, answers[0]["record_id"], "--server", service.url,
+                                     "--api-key", service.auditor, *key)
+    assert code == 0 and result["tree_size"] == 5, result
+
+    # An older bundle (size 3): a rollback, seen offline without any proof.
+    code, result = await verify_json(capsys, "--bundle", str(old), *key)
+    assert code == 1 and result["failed"] == 3
+    assert {r["failed_check"] for r in result["results"]} == {4}
+    assert "RollbackError" in result["results"][0]["checks"][3]["reason"]
+
+    # A fork signed with the log's key: another tree of size 5, then one of size 6.
+    grow(service, fork_url, 2, "forked")
+    forked = tmp_path / "forked.json"
+    assert (await cli(capsys, "export", "--db", fork_url, "--bundle", str(forked)))[0] == 0
+    code, result = await verify_json(capsys, "--bundle", str(forked), *key)
+    assert code == 1 and {r["failed_check"] for r in result["results"]} == {4}
+    assert "ForkError" in result["results"][0]["checks"][3]["reason"]
+    grow(service, fork_url, 1, "forked")
+    assert (await cli(capsys, "export", "--db", fork_url, "--bundle", str(forked)))[0] == 0
+    code, result = await verify_json(capsys, "--bundle", str(forked), *key)
+    assert code == 1 and {r["failed_check"] for r in result["results"]} == {4}
+    assert "RootMismatchError" in result["results"][0]["checks"][3]["reason"]
+    assert Checkpoint.peek(state.read_bytes()).size == 5  # no failure moved the state
+
+    # The honest log grown to 6: its bundle proves it extends size 5, and advances the state.
+    await service.generate("r")
+    service.seal()
+    newer = tmp_path / "newer.json"
+    assert (await cli(capsys, "export", "--db", db, "--bundle", str(newer)))[0] == 0
+    code, result = await verify_json(capsys, "--bundle", str(newer), *key)
+    assert code == 0 and result["verified"] == 6, result
+    assert Checkpoint.peek(state.read_bytes()).size == 6
+    # ... after which the size-5 fork is older than what was seen: a rollback.
+    code, result = await verify_json(capsys, "--bundle", str(old), *key)
+    assert code == 1 and "RollbackError" in result["results"][0]["checks"][3]["reason"]
+
+
+async def test_version_1_bundles_still_read_but_prove_no_extension(
+    service: Service, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await service.generate("a")
+    service.seal()
+    state = tmp_path / "state.note"
+    key = ("--log-key", service.log_key, *SELF, "--state", str(state))
+    first = tmp_path / "first.json"
+    await cli(capsys, "export", "--db", service.settings.database_url, "--bundle", str(first))
+    assert (await verify_json(capsys, "--bundle", str(first), *key))[0] == 0
+    await service.generate("b")
+    service.seal()
+    bundle = tmp_path / "v1.json"
+    await cli(capsys, "export", "--db", service.settings.database_url, "--bundle", str(bundle))
+    data = json.loads(bundle.read_text())
+    assert data["format"] == "audit-ledger-bundle/v2" and "1" in data["consistency_from"]
+    data["format"] = "audit-ledger-bundle/v1"
+    del data["consistency_from"]
+    bundle.write_text(json.dumps(data))
+    code, result = await verify_json(capsys, "--bundle", str(bundle), *key)
+    assert code == 1 and "MissingProofError" in result["results"][0]["checks"][3]["reason"]
+    code, result = await verify_json(capsys, "--bundle", str(bundle), *key, "--no-state")
+    assert code == 0 and result["verified"] == 2
+
+
+async def test_older_database_copy_is_a_rollback_check_4_not_a_usage_error(
+    service: Service, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    answers = await _three_records(service)  # checkpoints 2 and 3
+    copy_url = copy_database(service, tmp_path / "copy.db")
+    await service.generate("later")
+    service.seal()
+    state = tmp_path / "state.note"
+    key = ("--log-key", service.log_key, *SELF, "--state", str(state))
+    code, _ = await verify_json(capsys, answers[0]["record_id"], "--db",
+                                service.settings.database_url, *key)
+    assert code == 0 and Checkpoint.peek(state.read_bytes()).size == 4
+    code, result = await verify_json(capsys, answers[0]["record_id"], "--db", copy_url, *key)
+    assert code == 1 and failed_check(result) == 4
+    assert "rollback: trusted tree size 4, offered 3" in result["checks"][3]["reason"]
+
+
+async def test_consistent_liar_at_a_smaller_size_fails_check_4_not_unreachable(
+    service: Service, aiohttp_client: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    answers = await _three_records(service)
+    state = tmp_path / "state.note"
+    key = ("--log-key", service.log_key, *SELF, "--state", str(state))
+    assert (await verify_json(capsys, answers[0]["record_id"], "--db",
+                              service.settings.database_url, *key))[0] == 0
+    headers = {"Authorization": f"Bearer {service.auditor}"}
+    rid = answers[0]["record_id"]
+    record = await (await service.client.get(f"/v1/records/{rid}", headers=headers)).json()
+    proof = await (await service.client.get(f"/v1/records/{rid}/proof?tree_size=2",
+                                            headers=headers)).json()
+    old = service.app[LEDGER].checkpoint(2)
+    assert old is not None and proof["tree_size"] == 2
+
+    # Every answer genuine for size 2; it cannot prove anything about size 3.
+    async def handle(request: web.Request) -> web.Response:
+        path = request.path
+        if path.endswith("/proof"):
+            return web.json_response(proof)
+        if path.startswith("/v1/records/"):
+            return web.json_response(record)
+        if path == "/v1/checkpoints/anchored":
+            return web.json_response({"tree_size": 2, "kind": "local", "ref": "local:2",
+                                      "checkpoint": old.note.decode()})
+        return web.json_response({"title": "Bad Request"}, status=400)
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handle)
+    liar = str((await aiohttp_client(app)).make_url("")).rstrip("/")
+    code, result = await verify_json(capsys, rid, "--server", liar, "--api-key", "k", *key)
+    assert code == 1 and failed_check(result) == 4, result
+    assert "RollbackError" in result["checks"][3]["reason"]
+
+
+async def test_record_missing_from_a_server_that_answered_is_check_1(
+    service: Service, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await service.generate()
+    service.seal()
+    code, result = await verify_json(capsys, "no-such-record", "--server", service.url,
+                                     "--api-key", service.auditor, "--log-key",
+                                     service.log_key, *SELF)
+    assert code == 1 and failed_check(result) == 1
+    assert "the log has no record 'no-such-record'" in result["checks"][0]["reason"]
+
+
+async def test_self_anchored_fails_check_4_unless_accepted_and_then_says_so(
+    service: Service, capsys: pytest.CaptureFixture[str]
+) -> None:
+    answer = await service.generate()
+    service.seal()
+    args = ("verify", answer["record_id"], "--db", service.settings.database_url,
+            "--log-key", service.log_key, "--no-state")
+    code, out = await cli(capsys, *args)
+    assert code == 1 and "[FAIL] 4." in out and "SelfAnchoredError" in out
+    assert "--accept-self-anchored" in out and "NOT VERIFIED (check 4 failed)" in out
+    code, out = await cli(capsys, *args, "--accept-self-anchored")
+    assert code == 0 and "[SELF] 4." in out
+    assert out.strip().splitlines()[-1].startswith("SELF-ANCHORED")
+
+
+async def test_witness_quorum_on_a_bundle_passes_and_names_a_missing_witness(
+    service: Service, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for i in range(2):
+        await service.generate(f"w{i}")
+    service.seal()
+    bundle = tmp_path / "bundle.json"
+    await cli(capsys, "export", "--db", service.settings.database_url, "--bundle", str(bundle))
+    data = json.loads(bundle.read_text())
+    # Stand-ins for witnesses on other machines: they cosign the bundle's checkpoint.
+    cosigners = witnesses(2)
+    body = data["checkpoint"].encode().split(b"\n\n")[0] + b"\n"
+    full = add_cosignatures(data["checkpoint"].encode(),
+                            [c.cosign(body, 1_800_000_000) for c in cosigners])
+    data["checkpoint"] = full.decode()
+    bundle.write_text(json.dumps(data))
+    keyfile = tmp_path / "witnesses.txt"
+    keyfile.write_text("\n".join(c.witness_key.encode() for c in cosigners) + "\n")
+    base = ("--bundle", str(bundle), "--log-key", service.log_key, "--no-state")
+    code, result = await verify_json(capsys, *base, "--witness", str(keyfile))
+    assert code == 0 and result["trust"] == ["witnessed"], result
+    # One witness's cosignature missing: quorum 2 of 2 unmet, the missing one named.
+    data["checkpoint"] = add_cosignatures(data["checkpoint"].split("\n\n")[0].encode()
+                                          + b"\n\n" + full.split(b"\n\n")[1].split(b"\n")[0]
+                                          + b"\n", [cosigners[0].cosign(body, 1)]).decode()
+    bundle.write_text(json.dumps(data))
+    witness_args = [a for c in cosigners for a in ("--witness", c.witness_key.encode())]
+    code, result = await verify_json(capsys, *base, *witness_args)
+    assert code == 1 and {r["failed_check"] for r in result["results"]} == {4}
+    reason = result["results"][0]["checks"][3]["reason"]
+    assert "QuorumError" in reason and f"missing: {cosigners[1].name}" in reason
+    code, result = await verify_json(capsys, *base, *witness_args, "--witness-quorum", "1")
+    assert code == 0 and result["verified"] == 2
+    code, result = await verify_json(capsys, *base, *witness_args, "--witness-quorum", "3")
+    assert code == 2 and result["error"]["field"] == "--witness-quorum"
+
+
+async def test_altered_root_in_a_bundle_fails_check_3(
+    service: Service, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await service.generate()
+    service.seal()
+    bundle = tmp_path / "bundle.json"
+    await cli(capsys, "export", "--db", service.settings.database_url, "--bundle", str(bundle))
+    data = json.loads(bundle.read_text())
+    lines = data["checkpoint"].split("\n")
+    lines[2] = base64.b64encode(bytes(32)).decode()
+    data["checkpoint"] = "\n".join(lines)
+    bundle.write_text(json.dumps(data))
+    code, result = await verify_json(capsys, "--bundle", str(bundle), "--log-key",
+                                     service.log_key, *SELF, "--no-state")
+    assert code == 1 and failed_check(result) == 3
+    assert [c["status"] for c in result["checks"]][:3] == ["pass", "skipped", "fail"]
+
+
+async def test_crlf_prompt_opens_from_its_file_bytes_or_inline_text(
+    service: Service, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompt = "Approve the loan?\r\nApplicant: 42\r\n"
+    answer = await service.generate(prompt)
+    service.seal()
+    exact, normalised = tmp_path / "crlf.txt", tmp_path / "lf.txt"
+    exact.write_bytes(prompt.encode())
+    normalised.write_bytes(prompt.replace("\r\n", "\n").encode())
+    base = (answer["record_id"], "--db", service.settings.database_url, "--log-key",
+            service.log_key, *SELF, "--input-salt", answer["input_salt"], "--no-state")
+    code, result = await verify_json(capsys, *base, "--prompt-file", str(exact))
+    assert code == 0 and result["checks"][4]["status"] == "pass", result
+    code, result = await verify_json(capsys, *base, "--prompt", prompt)
+    assert code == 0 and result["checks"][4]["status"] == "pass"
+    code, result = await verify_json(capsys, *base, "--prompt-file", str(normalised))
+    assert code == 1 and failed_check(result) == 5
+
+
+async def test_fabricated_mirror_row_beyond_the_log_is_check_1_not_a_usage_error(
+    service: Service, capsys: pytest.CaptureFixture[str]
+) -> None:
+    answer = await service.generate()
+    service.seal()
+    engine = create_engine(service.settings.database_url)
+    with engine.begin() as conn:
+        row = dict(conn.execute(records.select().where(
+            records.c.record_id == answer["record_id"])).one()._mapping)
+        conn.execute(insert(records).values({**row, "leaf_index": 99, "record_id": "forged"}))
+    engine.dispose()
+    code, result = await verify_json(capsys, "forged", "--db", service.settings.database_url,
+                                     "--log-key", service.log_key, *SELF, "--no-state")
+    assert code == 1 and failed_check(result) == 1
+    assert "which the log does not hold" in result["checks"][0]["reason"]
+
+
+async def test_server_bundle_built_since_the_verifiers_size_proves_the_extension(
+    service: Service, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = [await service.generate(f"s{i}") for i in range(2)]
+    service.seal()
+    state = tmp_path / "state.note"
+    key = ("--log-key", service.log_key, *SELF, "--state", str(state))
+    assert (await verify_json(capsys, first[0]["record_id"], "--server", service.url,
+                              "--api-key", service.auditor, *key))[0] == 0
+    for i in range(2):
+        await service.generate(f"t{i}")
+    service.seal()
+    bundle = tmp_path / "bundle.json"
+    export = ("export", "--server", service.url, "--api-key", service.auditor,
+              "--bundle", str(bundle))
+    code, result = await cli(capsys, *export, "--json")
+    assert code == 0 and result["tree_size"] == 4 and result["consistency_from"] == []
+    code, result = await verify_json(capsys, "--bundle", str(bundle), *key)
+    assert code == 1 and "MissingProofError" in result["results"][0]["checks"][3]["reason"]
+    code, result = await cli(capsys, *export, "--since-size", "2", "--json")
+    assert code == 0 and result["consistency_from"] == [2]
+    code, result = await verify_json(capsys, "--bundle", str(bundle), *key)
+    assert code == 0 and result["verified"] == 4
+    assert Checkpoint.peek(state.read_bytes()).size == 4
+
+
+async def test_database_bundle_carries_proofs_from_the_latest_sizes_or_since_a_size(
+    service: Service, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(4):
+        await service.generate(f"c{i}")
+        service.seal()  # checkpoints of sizes 1, 2, 3, 4
+    monkeypatch.setattr("ledger.client.exporter.DEFAULT_EARLIER_SIZES", 2)
+    bundle = tmp_path / "bundle.json"
+    export = ("export", "--db", service.settings.database_url, "--bundle", str(bundle), "--json")
+    code, result = await cli(capsys, *export)
+    assert code == 0 and result["consistency_from"] == [2, 3]
+    code, result = await cli(capsys, *export, "--since-size", "1")
+    assert code == 0 and result["consistency_from"] == [1, 2, 3]

@@ -122,7 +122,11 @@ def test_fresh_auditor_install_verifies_a_bundle_without_torch(
 
     done = audit_ledger("export", "--db", url, "--bundle", str(bundle))
     assert done.returncode == 0, done.stderr[-3000:]
+    # Only the local anchor here: the verifier refuses to call that verified unless told.
     done = audit_ledger("verify", "--bundle", str(bundle), "--log-key", key)
+    assert done.returncode == 1 and "SelfAnchoredError" in done.stdout, done.stdout[-3000:]
+    done = audit_ledger("verify", "--bundle", str(bundle), "--log-key", key,
+                        "--accept-self-anchored")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "5 of 5 records verified" in done.stdout
     done = audit_ledger("audit", "--db", url, "--from", "2026-01-01", "--to", "2027-01-01",

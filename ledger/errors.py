@@ -113,3 +113,8 @@ class BackendUnavailableError(BackendError):
 
 class DuplicateRecordError(BackendError):
     """A different record already holds this record id."""
+
+
+class BackendConfigurationError(BackendError):
+    """A backend refuses this service's configuration (e.g. a Fabric channel or chaincode
+    the gateway does not know): retrying will not help until an operator fixes it."""

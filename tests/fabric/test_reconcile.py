@@ -1,0 +1,206 @@
+"""The two lost-anchor bugs seen on a real network, reproduced on the peer double, and the
+crash between the anchor row and the mirror update:
+
+(a) the commit status is lost after a real commit -> after reconciliation no mirror row
+    is without an anchor reference and the recorded tx id and block are the chain's;
+(b) resubmitting an anchored checkpoint records the ORIGINAL transaction, not the new one;
+(c) a failure between the anchor row and the mirror update leaves neither behind.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+
+from ledger.anchor.fabric import FabricAnchor, FabricGateway
+from ledger.anchor.local import LocalAnchor
+from ledger.anchor.store import SqlAnchorStore
+from ledger.anchor.worker import AnchorWorker
+from ledger.checkpoint import NoteSigner
+from ledger.errors import BackendUnavailableError
+from ledger.store.integrator import Integrator
+from ledger.store.keys import load_or_create_signer
+from ledger.store.migrate import upgrade
+from ledger.store.sql import SqlLedger, StoredCheckpoint
+from tests.fabric.conftest import CHANNEL, gateway_for
+from tests.fabric.peer_double import GatewayDouble, PeerDouble
+from tests.records import make_record
+
+ORIGIN = "reconcile-test.audit-ledger/log"
+
+
+@dataclass
+class Setup:
+    ledger: SqlLedger
+    anchor: FabricAnchor
+    gateway: FabricGateway
+    integrator: Integrator
+    store: SqlAnchorStore
+    double: GatewayDouble
+    next_record: int = 0
+
+    def grow(self, count: int) -> StoredCheckpoint:
+        for _ in range(count):
+            self.ledger.append(make_record(self.next_record))
+            self.next_record += 1
+        sealed = self.integrator.seal_now()
+        assert sealed is not None
+        return sealed
+
+    def chain(self, size: int) -> dict[str, Any]:
+        return self.anchor.checkpoint(size)
+
+    def block_on_chain(self, tx_id: str) -> int:
+        return self.double.committed[tx_id].block
+
+
+@pytest.fixture()
+def setup(peer: PeerDouble, client_identity: Any, tmp_path: Path) -> Iterator[Setup]:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade(url)
+    signer: NoteSigner = load_or_create_signer(tmp_path / "log.key", ORIGIN)
+    with SqlLedger(url) as ledger:
+        gateway = gateway_for(peer, client_identity, timeout_s=5, commit_timeout_s=5)
+        store = SqlAnchorStore(ledger)
+        anchor = FabricAnchor(ledger, gateway, signer.verifier(), ORIGIN, store)
+        anchor.register()
+        assert peer.gateway is not None
+        yield Setup(ledger, anchor, gateway, Integrator(ledger, signer, ORIGIN), store,
+                    peer.gateway)
+        gateway.close()
+
+
+def test_a_commit_status_lost_then_peer_down_is_reconciled_by_the_next_anchor(
+        setup: Setup) -> None:
+    """The bug: the peer died while the worker waited on CommitStatus for a checkpoint
+    that DID commit; the next anchor used the chain's size as its start, so the rows in
+    between kept no reference for good."""
+    first = setup.grow(3)
+    setup.anchor.anchor(first.note)
+    lost = setup.grow(2)  # rows 3 and 4
+    setup.double.drop_commit_status, setup.double.down_after_drop = 1, True
+    with pytest.raises(BackendUnavailableError):
+        setup.anchor.anchor(lost.note)
+    committed = setup.double.ledger.blocks[-1]  # it committed all the same ...
+    assert [code for _, _, code in committed] == [0]  # VALID
+    assert setup.store.get(lost.size) is None  # ... and the service does not know
+    assert setup.store.unreferenced_below(lost.size) == 2
+
+    latest = setup.grow(3)  # rows 5..7, while the peer is still down
+    setup.double.down = False  # the peer is back
+    worker = AnchorWorker(setup.ledger, setup.anchor, store=setup.store)
+    worker.prepared = True  # registered above
+    assert worker.run_once()
+
+    chain_tx = setup.chain(lost.size)["txId"]
+    recorded = setup.store.get(lost.size)
+    assert recorded is not None
+    assert recorded.ref == f"fabric:{CHANNEL}:{chain_tx}:{setup.block_on_chain(chain_tx)}"
+    for index in (3, 4):
+        row = setup.ledger.record_at(index)
+        assert row is not None and row.anchor_ref == recorded.ref
+    newest = setup.store.get(latest.size)
+    assert newest is not None and setup.chain(latest.size)["txId"] in newest.ref
+    assert setup.store.unreferenced_below(latest.size) == 0
+    assert [c["size"] for c in json.loads(setup.gateway.evaluate(
+        "GetHistory", ORIGIN, "10", ""))["checkpoints"]] == [3, 5, 8]
+
+
+def test_a_commit_status_lost_while_the_peer_stays_up_is_recorded_at_once(
+        setup: Setup) -> None:
+    setup.anchor.anchor(setup.grow(2).note)
+    sealed = setup.grow(4)
+    setup.double.drop_commit_status = 1
+    recorded = setup.anchor.anchor(sealed.note)  # reconciles within the same call
+    assert setup.double.drop_commit_status == 0  # the status really was dropped
+    chain_tx = setup.chain(sealed.size)["txId"]
+    assert recorded.size == sealed.size
+    assert recorded.ref == f"fabric:{CHANNEL}:{chain_tx}:{setup.block_on_chain(chain_tx)}"
+    assert setup.store.unreferenced_below(sealed.size) == 0
+
+
+def test_b_resubmitting_an_anchored_checkpoint_records_the_original_transaction(
+        setup: Setup) -> None:
+    """The bug: the chaincode accepts the same checkpoint idempotently, and the service
+    recorded the NEW transaction's id (one that stored nothing)."""
+    first = setup.grow(3)
+    setup.anchor.anchor(first.note)
+    second = setup.grow(2)
+    proof = json.dumps([h.hex() for h in setup.ledger.consistency_proof(3, 5)])
+    original, original_block, _ = setup.gateway.submit("AnchorCheckpoint",
+                                                       second.note.decode(), proof)
+    assert setup.store.get(second.size) is None  # e.g. its commit status was lost
+
+    recorded = setup.anchor.submit(second.note, since=3)  # submitted again, no reconcile
+
+    resubmission = setup.double.ledger.blocks[-1]
+    assert len(resubmission) == 1 and resubmission[0][0] != original  # a new, valid tx
+    assert setup.double.committed[resubmission[0][0]].code == 0  # VALID, stored nothing
+    assert recorded.ref == f"fabric:{CHANNEL}:{original}:{original_block}"
+    assert setup.chain(second.size)["txId"] == original
+    row = setup.ledger.record_at(4)
+    assert row is not None and row.anchor_ref == recorded.ref
+
+
+class _CrashOnMirrorUpdate:
+    """Fail the mirror UPDATE that follows the anchor row, as a crash would."""
+
+    def __init__(self, ledger: SqlLedger) -> None:
+        self.engine, self.armed, self.fired = ledger._writer_engine, True, 0
+        event.listen(self.engine, "before_cursor_execute", self)
+
+    def __call__(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if self.armed and statement.lstrip().upper().startswith("UPDATE RECORDS"):
+            self.armed = False
+            self.fired += 1
+            raise RuntimeError("crash between the anchor row and the mirror update")
+
+    def remove(self) -> None:
+        event.remove(self.engine, "before_cursor_execute", self)
+
+
+def test_c_crash_between_fabric_anchor_row_and_mirror_update(setup: Setup) -> None:
+    setup.anchor.anchor(setup.grow(3).note)
+    sealed = setup.grow(3)
+    crash = _CrashOnMirrorUpdate(setup.ledger)
+    try:
+        with pytest.raises(RuntimeError, match="crash"):
+            setup.anchor.anchor(sealed.note)
+    finally:
+        crash.remove()
+    assert crash.fired == 1
+    assert setup.chain(sealed.size)["size"] == 6  # on the chain ...
+    assert setup.store.get(sealed.size) is None  # ... but neither the anchor row ...
+    assert setup.store.unreferenced_below(sealed.size) == 3  # ... nor half the rows
+    setup.anchor.anchor(sealed.note)  # the next attempt reconciles: no new transaction
+    chain_tx = setup.chain(sealed.size)["txId"]
+    recorded = setup.store.get(sealed.size)
+    assert recorded is not None and chain_tx in recorded.ref
+    assert setup.store.unreferenced_below(sealed.size) == 0
+
+
+def test_c_crash_between_local_anchor_row_and_mirror_update(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'local.db'}"
+    upgrade(url)
+    signer = load_or_create_signer(tmp_path / "log.key", ORIGIN)
+    with SqlLedger(url) as ledger:
+        for i in range(4):
+            ledger.append(make_record(i))
+        sealed = ledger.seal_checkpoint(signer, ORIGIN)
+        assert sealed is not None
+        anchor = LocalAnchor(ledger, signer.verifier(), ORIGIN)
+        crash = _CrashOnMirrorUpdate(ledger)
+        try:
+            with pytest.raises(RuntimeError, match="crash"):
+                anchor.anchor(sealed.note)
+        finally:
+            crash.remove()
+        assert anchor.latest() is None and anchor.store.unreferenced_below(4) == 4
+        assert anchor.anchor(sealed.note).ref == "local:4"
+        assert anchor.store.unreferenced_below(4) == 0

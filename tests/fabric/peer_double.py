@@ -567,12 +567,15 @@ class PeerDouble:
         return f"127.0.0.1:{self.gateway_port}"
 
     def start_chaincode(self) -> None:
-        binary = ROOT / "chaincode" / "node_modules" / ".bin" / "fabric-chaincode-node"
+        # Started as Fabric's chaincode-as-a-service docs configure it (environment
+        # variables), through the chaincode's own `npm start` file.
+        import os
+
+        env = dict(os.environ, CHAINCODE_SERVER_ADDRESS=f"127.0.0.1:{self.chaincode_port}",
+                   CHAINCODE_ID=f"{self.chaincode_name}:double")
         self.node = subprocess.Popen(
-            [str(binary), "server", "--chaincode-address", f"127.0.0.1:{self.chaincode_port}",
-             "--chaincode-id", f"{self.chaincode_name}:double", "--module-path",
-             str(ROOT / "chaincode")], cwd=ROOT / "chaincode",
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            ["node", str(ROOT / "chaincode" / "start-server.js")], cwd=ROOT / "chaincode",
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def start(self, ledger: PeerLedger | None = None) -> PeerDouble:
         """Serve; with ``ledger`` (from ``stop_gateway``) the peer keeps its blocks."""

@@ -327,7 +327,15 @@ class FabricAnchor:
         self.register()
 
     def register(self) -> None:
-        self.gateway.submit("InitLog", self.origin, self.verifier.encode())
+        # Two replicas registering at once: both write the new key, one comes back
+        # MVCC_READ_CONFLICT. Submitting again reads the registration and stores nothing.
+        for attempt in range(3):
+            try:
+                self.gateway.submit("InitLog", self.origin, self.verifier.encode())
+                return
+            except InvalidTransactionError as exc:
+                if exc.code != "MVCC_READ_CONFLICT" or attempt == 2:
+                    raise
 
     def latest_on_chain(self) -> dict[str, Any] | None:
         try:

@@ -66,6 +66,7 @@ class AnchorWorker:
         self.config_error: str | None = None  # shown by /readyz until anchoring works
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._running = threading.Lock()  # one anchoring attempt at a time per process
         self._thread: threading.Thread | None = None
 
     def status(self) -> AnchorStatus:
@@ -88,15 +89,16 @@ class AnchorWorker:
 
     def run_once(self) -> bool:
         """Anchor the newest checkpoint if it is not anchored yet; True if it anchored."""
-        if not self.prepared:
-            self.anchor.prepare()
-            self.prepared = True
-        newest = self.ledger.latest_checkpoint()
-        anchored = self.store.latest()
-        if newest is None or (anchored is not None and anchored.size >= newest.size):
-            return False
-        self.anchor.anchor(newest.note)
-        return True
+        with self._running:
+            if not self.prepared:
+                self.anchor.prepare()
+                self.prepared = True
+            newest = self.ledger.latest_checkpoint()
+            anchored = self.store.latest()
+            if newest is None or (anchored is not None and anchored.size >= newest.size):
+                return False
+            self.anchor.anchor(newest.note)
+            return True
 
     def start(self) -> AnchorWorker:
         self._thread = threading.Thread(target=self._loop, name="anchor-worker", daemon=True)

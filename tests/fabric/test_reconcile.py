@@ -10,6 +10,7 @@ crash between the anchor row and the mirror update:
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,3 +205,97 @@ def test_c_crash_between_local_anchor_row_and_mirror_update(tmp_path: Path) -> N
         assert anchor.latest() is None and anchor.store.unreferenced_below(4) == 4
         assert anchor.anchor(sealed.note).ref == "local:4"
         assert anchor.store.unreferenced_below(4) == 0
+
+
+def test_an_mvcc_conflict_with_another_writer_is_reconciled(setup: Setup) -> None:
+    """Another replica's anchor wins the block: ours comes back MVCC_READ_CONFLICT (a
+    result code, not an error) and the chain's newer anchor is recorded instead."""
+    import threading
+
+    from fabric_protos.gateway import gateway_pb2
+
+    setup.anchor.anchor(setup.grow(2).note)
+    ours = setup.grow(3)  # size 5
+    theirs = setup.grow(3)  # size 8, sealed by "another replica" of the same log
+    proof = json.dumps([h.hex() for h in setup.ledger.consistency_proof(2, 8)])
+    tx_id, signed = setup.gateway._proposal("AnchorCheckpoint", [theirs.note.decode(), proof])
+    endorsed = setup.gateway._stub.Endorse(gateway_pb2.EndorseRequest(
+        transaction_id=tx_id, channel_id=CHANNEL, proposed_transaction=signed))
+    envelope = endorsed.prepared_transaction
+    envelope.signature = setup.gateway.identity.sign(envelope.payload)
+    setup.double.hold()  # both go into one block, theirs first
+    setup.gateway._stub.Submit(gateway_pb2.SubmitRequest(
+        transaction_id=tx_id, channel_id=CHANNEL, prepared_transaction=envelope))
+    outcome: list[object] = []
+    thread = threading.Thread(target=lambda: outcome.append(setup.anchor.anchor(ours.note)))
+    thread.start()
+    deadline = time.monotonic() + 120
+    while len(setup.double.pending) < 2:  # our transaction is queued behind theirs
+        assert time.monotonic() < deadline and thread.is_alive()
+        time.sleep(0.01)
+    setup.double.release()
+    thread.join(timeout=120)
+    block = setup.double.ledger.blocks[-1]
+    assert [code for _, _, code in block] == [0, 11]  # VALID, MVCC_READ_CONFLICT
+    recorded = outcome[0]
+    assert recorded == setup.store.latest() and setup.store.get(ours.size) is None
+    assert setup.store.latest().ref == (  # type: ignore[union-attr]
+        f"fabric:{CHANNEL}:{tx_id}:{setup.block_on_chain(tx_id)}")
+    assert setup.store.unreferenced_below(8) == 0
+
+
+def test_a_chain_anchor_that_is_not_this_databases_checkpoint_is_not_recorded(
+        setup: Setup, tmp_path: Path) -> None:
+    """Signed by the log's key, but this database has another root at that size (a
+    restored backup, a fork): reconciliation refuses to record it."""
+    from ledger import merkle
+    from ledger.checkpoint import Checkpoint
+    from ledger.errors import VerificationError
+
+    setup.grow(3)
+    signer = load_or_create_signer(tmp_path / "log.key", ORIGIN)
+    foreign = signer.sign_checkpoint(Checkpoint(ORIGIN, 3, merkle.hash_leaf(b"elsewhere")))
+    setup.gateway.submit("AnchorCheckpoint", foreign.decode(), "[]")
+    with pytest.raises(VerificationError, match="not a checkpoint of this log"):
+        setup.anchor.reconcile()
+    assert setup.store.latest() is None and setup.store.unreferenced_below(3) == 3
+
+
+def test_two_replicas_registering_at_once_both_succeed(peer: PeerDouble, client_identity: Any,
+                                                      tmp_path: Path) -> None:
+    """Both InitLogs write the same new key: one is MVCC_READ_CONFLICT in the shared block,
+    and its replica submits again (reading the registration, storing nothing)."""
+    import threading
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade(url)
+    signer = load_or_create_signer(tmp_path / "log.key", ORIGIN)
+    assert peer.gateway is not None
+    with SqlLedger(url) as ledger:
+        anchors = [FabricAnchor(ledger, gateway_for(peer, client_identity), signer.verifier(),
+                                ORIGIN) for _ in range(2)]
+        peer.gateway.hold()
+        errors: list[BaseException] = []
+
+        def register(anchor: FabricAnchor) -> None:
+            try:
+                anchor.register()
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=register, args=(a,)) for a in anchors]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 120
+        while len(peer.gateway.pending) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        peer.gateway.release()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert errors == []
+        codes = [code for _, _, code in peer.gateway.ledger.blocks[1]]
+        assert codes == [0, 11]  # VALID, MVCC_READ_CONFLICT: the retry really happened
+        assert len(peer.gateway.ledger.blocks) == 3  # the loser's second InitLog
+        for anchor in anchors:
+            anchor.gateway.close()

@@ -11,7 +11,8 @@ channel and recorded in the anchor store. Prints p50 / p90 / p99 / max.
 Against the PEER DOUBLE by default (tests/fabric/peer_double.py, running the real chaincode,
 its orderer modelled by a 250 ms batch timeout like deploy/fabric/configtx.yaml); against a
 real network when FABRIC_GATEWAY_ENDPOINT, FABRIC_MSPID, FABRIC_CERT, FABRIC_KEY (and
-FABRIC_TLS_CA, FABRIC_CHANNEL, FABRIC_CHAINCODE) are set. The first line says which.
+FABRIC_TLS_CA, FABRIC_CHANNEL, FABRIC_CHAINCODE) are set, e.g. after
+`deploy/fabric/native.sh up` by `. .fabric-native/env`. The first line says which.
 
 ``--compare-polling`` runs the same load a second time with the worker NOT woken by the
 integrator (it polls every second, as before) and prints the two side by side.

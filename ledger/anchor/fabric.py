@@ -37,6 +37,7 @@ from ledger.errors import (
     BackendConfigurationError,
     BackendError,
     BackendUnavailableError,
+    InvalidInputError,
     VerificationError,
 )
 from ledger.store.sql import SqlLedger
@@ -90,6 +91,10 @@ class Identity:
 
     @classmethod
     def from_files(cls, mspid: str, certificate: Path, key: Path) -> Identity:
+        for field, path in (("fabric certificate", certificate), ("fabric key", key)):
+            if not Path(path).is_file():
+                # e.g. cryptogen names the certificate <user>@<org>-cert.pem, not cert.pem
+                raise InvalidInputError(field, f"no such file: {path}")
         private = serialization.load_pem_private_key(Path(key).read_bytes(), password=None)
         if not isinstance(private, ec.EllipticCurvePrivateKey):
             raise ValueError("the identity key must be an EC (P-256) key")
@@ -112,7 +117,7 @@ class FabricGateway:
                  commit_timeout_s: float = 60.0) -> None:
         self.identity, self.channel, self.chaincode = identity, channel, chaincode
         self.timeout_s, self.commit_timeout_s = timeout_s, commit_timeout_s
-        self.endpoint = endpoint
+        self.endpoint, self.tls = endpoint, tls_ca is not None
         # gRPC's own reconnect backoff grows to 120 s by default: a peer back after an
         # outage would stay unused for minutes. Our worker backs off itself.
         options = [("grpc.initial_reconnect_backoff_ms", 200),
@@ -164,7 +169,11 @@ class FabricGateway:
             code, details = exc.code(), exc.details() or ""
             extra = _error_details(exc)
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise BackendUnavailableError(f"Fabric gateway unavailable: {details}") from exc
+                hint = "" if self.tls else (
+                    " (no TLS CA given: a TLS network, as every Raft one is, needs the peer's "
+                    "TLS CA certificate)")
+                raise BackendUnavailableError(
+                    f"Fabric gateway unavailable: {details}{hint}") from exc
             message = "; ".join(extra) or details
             if code == grpc.StatusCode.FAILED_PRECONDITION:
                 # An unknown channel or chaincode, or an identity the channel refuses:

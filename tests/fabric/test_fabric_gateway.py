@@ -230,3 +230,11 @@ def test_official_node_client_drives_the_double(peer: PeerDouble, client_identit
     assert out["latest"]["size"] == 1 and out["latest"]["txId"] == out["anchor"]["txId"]
     assert out["refusal"]["name"] == "EndorseError" and out["refusal"]["code"] == 10  # ABORTED
     assert any("MALFORMED" in d for d in out["refusal"]["details"])
+
+
+def test_a_missing_identity_file_names_the_file(tmp_path: Path) -> None:
+    from ledger.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError) as info:
+        Identity.from_files("Org1MSP", tmp_path / "signcerts" / "cert.pem", tmp_path / "key")
+    assert info.value.field == "fabric certificate" and "cert.pem" in info.value.reason

@@ -181,8 +181,8 @@ class FabricGateway:
                 raise BackendConfigurationError(
                     f"Fabric gateway {self.endpoint} refused channel {self.channel!r} / "
                     f"chaincode {self.chaincode!r} for MSP {self.identity.mspid!r} "
-                    f"(FAILED_PRECONDITION: {message}); check the channel, chaincode and "
-                    f"identity settings") from exc
+                    "(FAILED_PRECONDITION); check the channel, chaincode and identity "
+                    "settings", detail=message) from exc
             if code in (grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN) and (
                     "chaincode response" in message or extra):
                 raise ChaincodeRefusedError(message) from exc

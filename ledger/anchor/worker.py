@@ -128,7 +128,8 @@ class AnchorWorker:
                 self.failures += 1
                 self.config_error = str(exc)
                 wait = self.config_backoff_s
-                log.error("anchoring is misconfigured: %s; retrying in %.0f s", exc, wait)
+                log.error("anchoring is misconfigured: %s; retrying in %.0f s",
+                          exc.diagnostics(), wait)
             except BackendUnavailableError as exc:
                 self.failures += 1
                 wait = min(self.max_backoff_s, self.interval_s * 2 ** self.failures)

@@ -188,6 +188,7 @@ def test_unknown_chaincode_on_submit_is_a_configuration_error(
     with pytest.raises(BackendConfigurationError, match="chaincode 'nosuchcode'") as info:
         gateway.submit("InitLog", ORIGIN, "key")
     assert "FAILED_PRECONDITION" in str(info.value)
+    assert "no peers available" in info.value.diagnostics()  # the peer's own words
     assert exit_code_for(info.value) == EXIT_USAGE
 
 

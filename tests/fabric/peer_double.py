@@ -296,10 +296,11 @@ class GatewayDouble(gateway_pb2_grpc.GatewayServicer):  # type: ignore[misc]
             self._held = True
 
     def release(self) -> None:
-        """Cut everything queued into one block."""
+        """Cut everything queued into blocks (``max_batch`` transactions each)."""
         with self.commit_lock:
             self._held = False
-            self._cut()
+            while self.pending:
+                self._cut()
 
     def _cut_loop(self) -> None:
         with self.commit_lock:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,7 @@ def test_high_s_proposal_signature_is_refused(peer: PeerDouble, client_identity:
     )
 
     from ledger.anchor.fabric import P256_ORDER
-    from ledger.errors import BackendError
+    from ledger.errors import BackendConfigurationError
 
     def high_s(message: bytes) -> bytes:
         r, s = decode_dss_signature(client_identity.private_key.sign(
@@ -78,8 +79,9 @@ def test_high_s_proposal_signature_is_refused(peer: PeerDouble, client_identity:
 
     monkeypatch.setattr(type(client_identity), "sign", lambda self, message: high_s(message))
     gateway = gateway_for(peer, client_identity)
-    with pytest.raises(BackendError, match="FAILED_PRECONDITION.*access denied.*high-S"):
+    with pytest.raises(BackendConfigurationError, match="FAILED_PRECONDITION") as info:
         gateway.evaluate("GetLatest", ORIGIN)
+    assert re.search("access denied.*high-S", info.value.diagnostics())
 
 
 def test_unsigned_and_foreign_signed_envelopes(peer: PeerDouble, client_identity: Identity,

@@ -185,8 +185,12 @@ chaincode() {
     local id
     id=$("$FABRIC_BIN/peer" lifecycle chaincode calculatepackageid "$WORK/$CC_NAME.tar.gz")
     echo "$id" > "$WORK/$CC_NAME.id"
-    CHAINCODE_SERVER_ADDRESS=127.0.0.1:$CC_PORT CHAINCODE_ID=$id \
-        start_bg chaincode node "$ROOT/chaincode/start-server.js"
+    # The chaincode server gets only its own variables, not the admin CLI's CORE_PEER_*.
+    (
+        for name in $(compgen -e | grep '^CORE_' || true); do unset "$name"; done
+        CHAINCODE_SERVER_ADDRESS=127.0.0.1:$CC_PORT CHAINCODE_ID=$id \
+            start_bg chaincode node "$ROOT/chaincode/start-server.js"
+    )
     WAIT_S=30 retry port_open "$CC_PORT"
     local orderer=(-o "127.0.0.1:$ORDERER_PORT" --tls --cafile "$O/tls/ca.crt")
     retry "$FABRIC_BIN/peer" lifecycle chaincode approveformyorg "${orderer[@]}" \

@@ -14,6 +14,9 @@
 #   $FABRIC_CCAAS    the ccaas builder, bin/{detect,build,release} (default:
 #                    $FABRIC_BIN/../builders/ccaas)
 # and node with chaincode/node_modules installed (scripts/setup.sh does that).
+# Ports: NATIVE_ORDERER_PORT (7050), NATIVE_ORDERER_ADMIN_PORT (7053), NATIVE_PEER_PORT
+# (7051), NATIVE_PEER_CC_PORT (7052), NATIVE_CC_PORT (9999), NATIVE_*_OPS_PORT (8443, 9443);
+# not ORDERER_*/CORE_* names, which the orderer and peer would read as their settings.
 # Everything lives in $FABRIC_NATIVE_DIR (default .fabric-native/ at the repository root);
 # `up` writes $FABRIC_NATIVE_DIR/env, the variables tests/fabric/test_real_network.py and
 # bench/bench_anchor.py read.
@@ -25,13 +28,13 @@ WORK=${FABRIC_NATIVE_DIR:-$ROOT/.fabric-native}
 CHANNEL=${CHANNEL:-auditchannel}
 CC_NAME=${CC_NAME:-anchor}
 CC_LABEL=${CC_NAME}_1.0
-ORDERER_PORT=${ORDERER_PORT:-7050}
-ORDERER_ADMIN_PORT=${ORDERER_ADMIN_PORT:-7053}
-ORDERER_OPS_PORT=${ORDERER_OPS_PORT:-8443}
-PEER_PORT=${PEER_PORT:-7051}
-PEER_CC_PORT=${PEER_CC_PORT:-7052}
-PEER_OPS_PORT=${PEER_OPS_PORT:-9443}
-CC_PORT=${CC_PORT:-9999}
+ORDERER_PORT=${NATIVE_ORDERER_PORT:-7050}
+ORDERER_ADMIN_PORT=${NATIVE_ORDERER_ADMIN_PORT:-7053}
+ORDERER_OPS_PORT=${NATIVE_ORDERER_OPS_PORT:-8443}
+PEER_PORT=${NATIVE_PEER_PORT:-7051}
+PEER_CC_PORT=${NATIVE_PEER_CC_PORT:-7052}
+PEER_OPS_PORT=${NATIVE_PEER_OPS_PORT:-9443}
+CC_PORT=${NATIVE_CC_PORT:-9999}
 
 need_bin() {
     : "${FABRIC_BIN:?set FABRIC_BIN to the directory holding the Fabric 2.5 binaries}"

@@ -413,9 +413,12 @@ class FabricAnchor:
             return anchored
         try:
             return self.submit(note, since=chain_size)
-        except (BackendUnavailableError, InvalidTransactionError) as exc:
-            # Lost status, MVCC conflict with another replica, a peer gone mid-call: the
+        except (BackendUnavailableError, InvalidTransactionError, ChaincodeRefusedError) as exc:
+            # Lost status, MVCC conflict with another replica, a peer gone mid-call, or
+            # ROLLBACK because another replica anchored a newer one since we looked: the
             # chain may hold this checkpoint (or a newer one) all the same.
+            if isinstance(exc, ChaincodeRefusedError) and exc.code != "ROLLBACK":
+                raise
             log.warning("anchoring size %d: %s; reconciling from the channel",
                         offered.size, exc)
             try:

@@ -299,3 +299,27 @@ def test_two_replicas_registering_at_once_both_succeed(peer: PeerDouble, client_
         assert len(peer.gateway.ledger.blocks) == 3  # the loser's second InitLog
         for anchor in anchors:
             anchor.gateway.close()
+
+
+def test_rollback_because_another_replica_anchored_newer_is_reconciled(setup: Setup) -> None:
+    """Between our GetLatest and our submit another replica anchored a NEWER checkpoint:
+    the chaincode answers ROLLBACK, and the newer anchor is recorded instead."""
+    setup.anchor.anchor(setup.grow(2).note)
+    ours = setup.grow(2)  # size 4
+    theirs = setup.grow(2)  # size 6
+    proof = json.dumps([h.hex() for h in setup.ledger.consistency_proof(2, 6)])
+    their_tx, _, _ = setup.gateway.submit("AnchorCheckpoint", theirs.note.decode(), proof)
+    reconcile = setup.anchor.reconcile
+    calls: list[int] = []
+
+    def stale_first(*args: Any) -> Any:  # our first look predates their anchor
+        calls.append(1)
+        if len(calls) == 1:
+            return 2, setup.store.latest()
+        return reconcile(*args)
+
+    setup.anchor.reconcile = stale_first  # type: ignore[method-assign]
+    recorded = setup.anchor.anchor(ours.note)
+    assert len(calls) == 2  # the ROLLBACK led to a second, real reconciliation
+    assert recorded.size == 6 and their_tx in recorded.ref
+    assert setup.store.unreferenced_below(6) == 0

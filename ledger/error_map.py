@@ -15,6 +15,7 @@ Exit codes (documented in the README):
 from __future__ import annotations
 
 from ledger.errors import (
+    BackendConfigurationError,
     BackendError,
     BackendUnavailableError,
     DuplicateRecordError,
@@ -36,8 +37,8 @@ def exit_code_for(error: BaseException) -> int:
     # a verifier shown non-canonical bytes has found a failed check, not a usage error.
     if isinstance(error, VerificationError):
         return EXIT_CHECK_FAILED
-    if isinstance(error, InvalidInputError):
-        return EXIT_USAGE
+    if isinstance(error, InvalidInputError | BackendConfigurationError):
+        return EXIT_USAGE  # the caller's options name something the backend does not have
     if isinstance(error, BackendError):
         return EXIT_UNREACHABLE
     if isinstance(error, LedgerError):

@@ -113,3 +113,19 @@ class BackendUnavailableError(BackendError):
 
 class DuplicateRecordError(BackendError):
     """A different record already holds this record id."""
+
+
+class BackendConfigurationError(BackendError):
+    """A backend refuses this service's configuration (e.g. a Fabric channel or chaincode
+    the gateway does not know): retrying will not help until an operator fixes it.
+
+    The message is ours and safe to show (``/readyz``); ``detail`` is the backend's own
+    text, for logs and the CLI's diagnostics."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
+
+    def diagnostics(self) -> str:
+        tail = f" (the backend said: {self.detail})" if self.detail else ""
+        return f"{type(self).__name__}: {self}{tail}"

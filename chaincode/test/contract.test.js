@@ -37,11 +37,28 @@ test('a genuine sequence of checkpoints is accepted, with an event each', async 
     assert.strictEqual(eight.note, vectors.sequence[1].note);
 });
 
-test('re-submitting the same checkpoint is accepted idempotently', async () => {
+test('re-submitting the same checkpoint is accepted idempotently, with the ORIGINAL tx id', async () => {
     await anchorSequence();
+    const original = await invoke(contract, stub, 'GetLatest', vectors.origin);
     const again = await invoke(contract, stub, 'AnchorCheckpoint', vectors.sequence[3].note, '[]');
     assert.strictEqual(again.size, 64);
+    // The re-submission is a new transaction that stores nothing: the answer names the one
+    // that stored the checkpoint, so a client records the chain's transaction.
+    assert.notStrictEqual(stub.getTxID(), original.txId);
+    assert.strictEqual(again.txId, original.txId);
     assert.strictEqual(stub.events.length, 4);
+    const stored = await invoke(contract, stub, 'GetCheckpoint', vectors.origin, '64');
+    assert.strictEqual(stored.txId, original.txId);
+});
+
+test('each anchored checkpoint records the transaction that stored it', async () => {
+    await anchorSequence();
+    const txIds = [];
+    for (const size of ['3', '8', '21', '64']) {
+        txIds.push((await invoke(contract, stub, 'GetCheckpoint', vectors.origin, size)).txId);
+    }
+    assert.strictEqual(new Set(txIds).size, 4);
+    assert.ok(txIds.every((t) => /^tx[0-9]+$/.test(t)));
 });
 
 test('rollback to a smaller tree is refused', async () => {

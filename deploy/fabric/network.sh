@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Steps for compose.yaml's Fabric network, run inside the fabric-tools container:
+# Steps for compose.yaml's Fabric network, run inside the fabric-tools container
+# (FABRIC_CFG_PATH=/deploy: the peer CLI reads deploy/fabric/core.yaml):
 #   crypto   cryptogen material and the channel's genesis block
 #   channel  join the orderer (channel participation API) and the peer
 #   package  build the chaincode-as-a-service package, install it, print its id
@@ -21,7 +22,11 @@ crypto)
     # The service's client key under a fixed name (cryptogen names it after its SKI).
     keystore=$M/peerOrganizations/org1.example.com/users/User1@org1.example.com/msp/keystore
     cp "$keystore"/*_sk "$keystore/priv_sk" 2>/dev/null || true
-    configtxgen -profile AuditChannel -outputBlock $M/$CHANNEL.block -channelID $CHANNEL
+    # configtx.yaml's paths are relative to the directory it is read from: read a copy
+    # placed beside the material.
+    cp /deploy/configtx.yaml $M/configtx.yaml
+    configtxgen -configPath $M -profile AuditChannel -outputBlock $M/$CHANNEL.block \
+        -channelID $CHANNEL
     ;;
 channel)
     osnadmin channel join --channelID $CHANNEL --config-block $M/$CHANNEL.block \

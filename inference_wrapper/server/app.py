@@ -110,9 +110,9 @@ def make_anchor(settings: Settings, ledger: SqlLedger, signer: NoteSigner) -> An
                             settings.fabric_channel, settings.fabric_chaincode,
                             tls_ca=Path(settings.fabric_tls_ca_path)
                             if settings.fabric_tls_ca_path else None)
-    anchor = FabricAnchor(ledger, gateway, verifier, settings.origin)
-    anchor.register()  # idempotent: the chaincode accepts the same key again
-    return anchor
+    # Registration (InitLog) happens in the anchoring worker, with backoff: start-up
+    # never waits for the peer.
+    return FabricAnchor(ledger, gateway, verifier, settings.origin)
 
 
 async def anchor_context(app: web.Application) -> AsyncIterator[None]:
@@ -121,6 +121,7 @@ async def anchor_context(app: web.Application) -> AsyncIterator[None]:
     worker = AnchorWorker(app[LEDGER], anchor, interval_s=settings.anchor_interval_s,
                           lag_slo_s=settings.anchor_lag_slo_s,
                           policy=settings.anchor_slo_policy).start()
+    app[INTEGRATOR].subscribe(worker.wake)  # anchor each checkpoint as soon as it is sealed
     app[ANCHOR_WORKER] = worker
     metrics = app[METRICS]
     metrics.anchor_lag.set_function(lambda: worker.status().lag_s)

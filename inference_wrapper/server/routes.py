@@ -35,7 +35,7 @@ from inference_wrapper.server.validation import (
     openapi_schema,
     parse_json_body,
 )
-from ledger.anchor.local import LocalAnchor
+from ledger.anchor.store import SqlAnchorStore
 from ledger.errors import BackendError, InvalidInputError
 from ledger.store.apikeys import ApiKey
 from ledger.store.sql import QUERY_FILTERS, RecordRow
@@ -372,7 +372,7 @@ async def latest_checkpoint(request: web.Request) -> web.Response:
 
 async def anchored_checkpoint(request: web.Request) -> web.Response:
     authorize(request, READER_ROLES)
-    anchored = await asyncio.to_thread(LocalAnchor.latest_row, request.app[LEDGER])
+    anchored = await asyncio.to_thread(SqlAnchorStore(request.app[LEDGER]).latest)
     if anchored is None:
         raise Problem(404, "Not Found", "no checkpoint has been anchored yet")
     return web.json_response({"tree_size": anchored.size, "kind": anchored.kind,
@@ -415,8 +415,14 @@ async def readyz(request: web.Request) -> web.Response:
         checks["ledger_reachable"] = True
     except Exception:  # any failure to read the tree head means not ready
         checks["ledger_reachable"] = False
+    # A misconfigured anchor (unknown channel or chaincode) is named here, not only logged.
+    anchor_error = request.app[ANCHOR_WORKER].config_error
+    checks["anchor_configured"] = anchor_error is None
     ready = all(checks.values())
-    return web.json_response({"ready": ready, "checks": checks}, status=200 if ready else 503)
+    body: dict[str, object] = {"ready": ready, "checks": checks}
+    if anchor_error is not None:
+        body["anchor_error"] = anchor_error
+    return web.json_response(body, status=200 if ready else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +30,19 @@ from fabric_protos.gateway import gateway_pb2, gateway_pb2_grpc
 from fabric_protos.msp import identities_pb2
 from fabric_protos.peer import chaincode_pb2, proposal_pb2, transaction_pb2
 from google.protobuf import timestamp_pb2
-from sqlalchemy import insert
 
+from ledger.anchor.store import AnchoredCheckpoint, AnchorStore, SqlAnchorStore
 from ledger.checkpoint import NoteVerifier
-from ledger.errors import BackendError, BackendUnavailableError
-from ledger.store.schema import anchors
+from ledger.errors import (
+    BackendConfigurationError,
+    BackendError,
+    BackendUnavailableError,
+    InvalidInputError,
+    VerificationError,
+)
 from ledger.store.sql import SqlLedger
+
+log = logging.getLogger(__name__)
 
 # Order of the P-256 group: signatures must use the lower half of s (Fabric rejects high-S).
 P256_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
@@ -58,6 +65,15 @@ class InvalidTransactionError(BackendError):
         self.tx_id, self.code, self.block = tx_id, code, block
 
 
+class CommitStatusLostError(BackendUnavailableError):
+    """Submit was accepted but the commit status never came back: the transaction may
+    have committed. Reconcile from the chain; never assume it failed."""
+
+    def __init__(self, tx_id: str, cause: str) -> None:
+        super().__init__(f"commit status of transaction {tx_id} lost: {cause}")
+        self.tx_id = tx_id
+
+
 def sign_low_s(key: ec.EllipticCurvePrivateKey, message: bytes) -> bytes:
     r, s = decode_dss_signature(key.sign(message, ec.ECDSA(hashes.SHA256())))
     if s > P256_ORDER // 2:
@@ -75,6 +91,10 @@ class Identity:
 
     @classmethod
     def from_files(cls, mspid: str, certificate: Path, key: Path) -> Identity:
+        for field, path in (("fabric certificate", certificate), ("fabric key", key)):
+            if not Path(path).is_file():
+                # e.g. cryptogen names the certificate <user>@<org>-cert.pem, not cert.pem
+                raise InvalidInputError(field, f"no such file: {path}")
         private = serialization.load_pem_private_key(Path(key).read_bytes(), password=None)
         if not isinstance(private, ec.EllipticCurvePrivateKey):
             raise ValueError("the identity key must be an EC (P-256) key")
@@ -97,23 +117,29 @@ class FabricGateway:
                  commit_timeout_s: float = 60.0) -> None:
         self.identity, self.channel, self.chaincode = identity, channel, chaincode
         self.timeout_s, self.commit_timeout_s = timeout_s, commit_timeout_s
+        self.endpoint, self.tls = endpoint, tls_ca is not None
+        # gRPC's own reconnect backoff grows to 120 s by default: a peer back after an
+        # outage would stay unused for minutes. Our worker backs off itself.
+        options = [("grpc.initial_reconnect_backoff_ms", 200),
+                   ("grpc.max_reconnect_backoff_ms", 5000)]
         if tls_ca is not None:
             credentials = grpc.ssl_channel_credentials(Path(tls_ca).read_bytes())
-            self._grpc = grpc.secure_channel(endpoint, credentials)
+            self._grpc = grpc.secure_channel(endpoint, credentials, options=options)
         else:
-            self._grpc = grpc.insecure_channel(endpoint)
+            self._grpc = grpc.insecure_channel(endpoint, options=options)
         self._stub = gateway_pb2_grpc.GatewayStub(self._grpc)
 
     def close(self) -> None:
         self._grpc.close()
 
-    def _proposal(self, function: str, args: Sequence[str]) -> tuple[str, Any]:
+    def _proposal(self, function: str, args: Sequence[str],
+                  chaincode: str | None = None) -> tuple[str, Any]:
         creator = self.identity.serialized()
         nonce = os.urandom(24)
         tx_id = hashlib.sha256(nonce + creator).hexdigest()
         now = timestamp_pb2.Timestamp()
         now.GetCurrentTime()
-        chaincode_id = chaincode_pb2.ChaincodeID(name=self.chaincode)
+        chaincode_id = chaincode_pb2.ChaincodeID(name=chaincode or self.chaincode)
         channel_header = common_pb2.ChannelHeader(
             type=common_pb2.ENDORSER_TRANSACTION, timestamp=now, channel_id=self.channel,
             tx_id=tx_id, extension=proposal_pb2.ChaincodeHeaderExtension(
@@ -143,15 +169,27 @@ class FabricGateway:
             code, details = exc.code(), exc.details() or ""
             extra = _error_details(exc)
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise BackendUnavailableError(f"Fabric gateway unavailable: {details}") from exc
+                hint = "" if self.tls else (
+                    " (no TLS CA given: a TLS network, as every Raft one is, needs the peer's "
+                    "TLS CA certificate)")
+                raise BackendUnavailableError(
+                    f"Fabric gateway unavailable: {details}{hint}") from exc
             message = "; ".join(extra) or details
+            if code == grpc.StatusCode.FAILED_PRECONDITION:
+                # An unknown channel or chaincode, or an identity the channel refuses:
+                # the configuration is wrong, and retrying soon will not change that.
+                raise BackendConfigurationError(
+                    f"Fabric gateway {self.endpoint} refused channel {self.channel!r} / "
+                    f"chaincode {self.chaincode!r} for MSP {self.identity.mspid!r} "
+                    "(FAILED_PRECONDITION); check the channel, chaincode and identity "
+                    "settings", detail=message) from exc
             if code in (grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN) and (
                     "chaincode response" in message or extra):
                 raise ChaincodeRefusedError(message) from exc
             raise BackendError(f"Fabric gateway: {code.name}: {details} {extra}") from exc
 
-    def evaluate(self, function: str, *args: str) -> bytes:
-        tx_id, signed = self._proposal(function, args)
+    def evaluate(self, function: str, *args: str, chaincode: str | None = None) -> bytes:
+        tx_id, signed = self._proposal(function, args, chaincode)
         response = self._call(self._stub.Evaluate, gateway_pb2.EvaluateRequest(
             transaction_id=tx_id, channel_id=self.channel, proposed_transaction=signed),
             self.timeout_s)
@@ -168,7 +206,10 @@ class FabricGateway:
         self._call(self._stub.Submit, gateway_pb2.SubmitRequest(
             transaction_id=tx_id, channel_id=self.channel, prepared_transaction=envelope),
             self.timeout_s)
-        code, block = self.commit_status(tx_id)
+        try:
+            code, block = self.commit_status(tx_id)
+        except BackendUnavailableError as exc:
+            raise CommitStatusLostError(tx_id, str(exc)) from exc
         if code != "VALID":
             raise InvalidTransactionError(tx_id, code, block)
         return tx_id, block, _result_of(envelope)
@@ -181,6 +222,31 @@ class FabricGateway:
         status = self._call(self._stub.CommitStatus, gateway_pb2.SignedCommitStatusRequest(
             request=request, signature=self.identity.sign(request)), self.commit_timeout_s)
         return transaction_pb2.TxValidationCode.Name(status.result), int(status.block_number)
+
+
+    def block_of(self, tx_id: str) -> int:
+        """The number of the block holding ``tx_id``, read from the channel (qscc
+        GetBlockByTxID); raises ``InvalidTransactionError`` if it is there but not valid."""
+        raw = self.evaluate("GetBlockByTxID", self.channel, tx_id, chaincode="qscc")
+        block = common_pb2.Block.FromString(raw)
+        number = int(block.header.number)
+        flags = block.metadata.metadata[common_pb2.BlockMetadataIndex.TRANSACTIONS_FILTER] \
+            if len(block.metadata.metadata) > common_pb2.BlockMetadataIndex.TRANSACTIONS_FILTER \
+            else b""
+        for position, data in enumerate(block.data.data):
+            payload = common_pb2.Payload.FromString(common_pb2.Envelope.FromString(data).payload)
+            header = common_pb2.ChannelHeader.FromString(payload.header.channel_header)
+            if header.tx_id != tx_id:
+                continue
+            code = flags[position] if position < len(flags) else transaction_pb2.VALID
+            if code == transaction_pb2.VALID:
+                return number
+            # A DUPLICATE_TXID copy may come after the valid original in the same block.
+            if code != transaction_pb2.DUPLICATE_TXID:
+                raise InvalidTransactionError(tx_id, transaction_pb2.TxValidationCode.Name(code),
+                                              number)
+        raise BackendError(f"block {number} returned for transaction {tx_id} does not hold "
+                           "it as a valid transaction")
 
 
 def _fields(data: bytes) -> list[tuple[int, int, bytes | int]]:
@@ -248,16 +314,37 @@ def _result_of(envelope: Any) -> bytes:
 
 
 class FabricAnchor:
-    """Anchors checkpoints through the chaincode and records where (tx id, block)."""
+    """Anchors checkpoints through the chaincode and records the transaction the chain
+    stored (tx id, block) in the anchor store.
+
+    The chain is the source of truth: before each anchor, and after any commit status that
+    was lost or not VALID, ``reconcile`` reads the chain's latest anchor and records it
+    locally if it is newer than what the store holds. So a transaction that committed while
+    the client was not listening is recorded with its own tx id and block, and its rows get
+    their reference.
+    """
 
     kind = "fabric"
 
     def __init__(self, ledger: SqlLedger, gateway: FabricGateway, verifier: NoteVerifier,
-                 origin: str) -> None:
+                 origin: str, store: AnchorStore | None = None) -> None:
         self.ledger, self.gateway, self.verifier, self.origin = ledger, gateway, verifier, origin
+        self.store: AnchorStore = store or SqlAnchorStore(ledger)
+
+    def prepare(self) -> None:
+        """Register the log's key (idempotent: the chaincode accepts the same key again)."""
+        self.register()
 
     def register(self) -> None:
-        self.gateway.submit("InitLog", self.origin, self.verifier.encode())
+        # Two replicas registering at once: both write the new key, one comes back
+        # MVCC_READ_CONFLICT. Submitting again reads the registration and stores nothing.
+        for attempt in range(3):
+            try:
+                self.gateway.submit("InitLog", self.origin, self.verifier.encode())
+                return
+            except InvalidTransactionError as exc:
+                if exc.code != "MVCC_READ_CONFLICT" or attempt == 2:
+                    raise
 
     def latest_on_chain(self) -> dict[str, Any] | None:
         try:
@@ -274,18 +361,70 @@ class FabricAnchor:
     def checkpoint(self, size: int) -> dict[str, Any]:
         return dict(json.loads(self.gateway.evaluate("GetCheckpoint", self.origin, str(size))))
 
-    def anchor(self, note: bytes) -> str:
-        offered = self.verifier.open_checkpoint(note, self.origin)
+    def ref(self, tx_id: str, block: int) -> str:
+        return f"fabric:{self.gateway.channel}:{tx_id}:{block}"
+
+    def reconcile(self) -> tuple[int, AnchoredCheckpoint | None]:
+        """Record the chain's latest anchor if the store lacks it; returns (the size the
+        chain holds, the store's latest anchor afterwards)."""
         latest = self.latest_on_chain()
-        since = int(latest["size"]) if latest else 0
+        local = self.store.latest()
+        if latest is None:
+            return 0, local
+        size = int(latest["size"])
+        if local is not None and local.size >= size:
+            return size, local
+        note = str(latest["note"]).encode()
+        on_chain = self.verifier.open_checkpoint(note, self.origin)
+        ours = self.ledger.checkpoint(size)
+        if on_chain.size != size or ours is None or ours.root != on_chain.root:
+            # Signed by our key but not a checkpoint of this database: a restored backup
+            # or a fork. Nothing is recorded; an operator must look.
+            raise VerificationError(f"the channel's anchor of size {size} is not a "
+                                    "checkpoint of this log's database")
+        tx_id = str(latest["txId"])
+        block = self.gateway.block_of(tx_id)
+        log.info("reconciled anchor of size %d from the channel (tx %s, block %d)",
+                 size, tx_id, block)
+        return size, self.store.record(size, note, self.kind, self.ref(tx_id, block))
+
+    def submit(self, note: bytes, since: int) -> AnchoredCheckpoint:
+        """Submit ``note`` (extending the chain's anchor of size ``since``) and record the
+        transaction that STORED it: on an idempotent re-submission the chaincode answers
+        with the original transaction, not the new one (which stored nothing)."""
+        offered = self.verifier.open_checkpoint(note, self.origin)
         proof = (self.ledger.consistency_proof(since, offered.size)
-                 if latest and offered.size > since else [])
-        tx_id, block, _ = self.gateway.submit("AnchorCheckpoint", note.decode(),
-                                              json.dumps([h.hex() for h in proof]))
-        ref = f"fabric:{self.gateway.channel}:{tx_id}:{block}"
-        now = datetime.now(UTC).replace(tzinfo=None)
-        with self.ledger.engine.begin() as conn:
-            conn.execute(insert(anchors).values(size=offered.size, note=note, kind=self.kind,
-                                                ref=ref, anchored_at=now))
-        self.ledger.set_anchor(offered.size, ref, since=since)
-        return ref
+                 if since and offered.size > since else [])
+        tx_id, block, result = self.gateway.submit("AnchorCheckpoint", note.decode(),
+                                                   json.dumps([h.hex() for h in proof]))
+        stored = json.loads(result)
+        stored_tx = str(stored.get("txId") or tx_id)
+        if int(stored.get("size", offered.size)) != offered.size:
+            raise BackendError(f"the chaincode stored size {stored.get('size')} for a "
+                               f"checkpoint of size {offered.size}")
+        if stored_tx != tx_id:
+            block = self.gateway.block_of(stored_tx)
+        return self.store.record(offered.size, note, self.kind, self.ref(stored_tx, block))
+
+    def anchor(self, note: bytes) -> AnchoredCheckpoint:
+        offered = self.verifier.open_checkpoint(note, self.origin)
+        chain_size, anchored = self.reconcile()
+        if anchored is not None and anchored.size >= offered.size:
+            return anchored
+        try:
+            return self.submit(note, since=chain_size)
+        except (BackendUnavailableError, InvalidTransactionError, ChaincodeRefusedError) as exc:
+            # Lost status, MVCC conflict with another replica, a peer gone mid-call, or
+            # ROLLBACK because another replica anchored a newer one since we looked: the
+            # chain may hold this checkpoint (or a newer one) all the same.
+            if isinstance(exc, ChaincodeRefusedError) and exc.code != "ROLLBACK":
+                raise
+            log.warning("anchoring size %d: %s; reconciling from the channel",
+                        offered.size, exc)
+            try:
+                _, anchored = self.reconcile()
+            except BackendError:
+                raise exc from None  # still unreachable: the next attempt reconciles
+            if anchored is not None and anchored.size >= offered.size:
+                return anchored
+            raise

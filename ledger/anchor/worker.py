@@ -4,6 +4,13 @@ The outbox is durable by construction: it is the ``checkpoints`` table itself; e
 checkpoint larger than the newest anchored one is pending. Anchoring the newest covers
 all older ones (each is a prefix of it, proven by consistency), so nothing is dropped
 and anchors never go backwards.
+
+The worker is woken by the integrator as soon as a checkpoint is sealed (``wake``), so a
+checkpoint waits for no polling interval; the interval is only a safety net. Registration
+with the anchor (Fabric's ``InitLog``) happens here, with the same backoff, so the service
+starts and serves (under its keep-serving or fail-closed policy) while the anchor is
+unreachable. A configuration error (unknown channel or chaincode) is kept in
+``config_error`` for /readyz and retried only after a long pause.
 """
 
 from __future__ import annotations
@@ -15,8 +22,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
-from ledger.anchor.local import LocalAnchor
-from ledger.errors import BackendUnavailableError
+from ledger.anchor.store import AnchorStore, SqlAnchorStore
+from ledger.errors import BackendConfigurationError, BackendUnavailableError
 from ledger.store.sql import SqlLedger
 
 log = logging.getLogger(__name__)
@@ -25,6 +32,10 @@ POLICIES = ("keep-serving", "fail-closed")
 
 class Anchor(Protocol):
     kind: str
+
+    def prepare(self) -> None:
+        """Whatever must happen once before anchoring (e.g. registering the log's key);
+        idempotent, retried by the worker until it succeeds."""
 
     def anchor(self, note: bytes) -> object: ...
 
@@ -40,20 +51,28 @@ class AnchorStatus:
 
 class AnchorWorker:
     def __init__(self, ledger: SqlLedger, anchor: Anchor, *, interval_s: float = 1.0,
-                 max_backoff_s: float = 30.0, lag_slo_s: float = 10.0,
-                 policy: str = "keep-serving") -> None:
+                 max_backoff_s: float = 30.0, config_backoff_s: float = 300.0,
+                 lag_slo_s: float = 10.0, policy: str = "keep-serving",
+                 store: AnchorStore | None = None) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}")
         self.ledger, self.anchor = ledger, anchor
+        self.store: AnchorStore = store or getattr(anchor, "store", None) or SqlAnchorStore(
+            ledger)
         self.interval_s, self.max_backoff_s = interval_s, max_backoff_s
+        self.config_backoff_s = config_backoff_s
         self.lag_slo_s, self.policy = lag_slo_s, policy
         self.failures = 0
+        self.prepared = False
+        self.config_error: str | None = None  # shown by /readyz until anchoring works
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._running = threading.Lock()  # one anchoring attempt at a time per process
         self._thread: threading.Thread | None = None
         self.after_anchor: Callable[[], object] | None = None  # e.g. wake the witness client
 
     def status(self) -> AnchorStatus:
-        anchored = LocalAnchor.latest_row(self.ledger)
+        anchored = self.store.latest()
         anchored_size = anchored.size if anchored else 0
         backlog, oldest, newest = self.ledger.checkpoints_after(anchored_size)
         lag = 0.0
@@ -66,13 +85,21 @@ class AnchorWorker:
         """False only under the fail-closed policy while the lag SLO is breached."""
         return self.policy == "keep-serving" or not self.status().slo_breached
 
+    def wake(self, *_: object) -> None:
+        """A checkpoint was sealed: anchor it now rather than at the next interval."""
+        self._wake.set()
+
     def run_once(self) -> bool:
         """Anchor the newest checkpoint if it is not anchored yet; True if it anchored."""
-        newest = self.ledger.latest_checkpoint()
-        anchored = LocalAnchor.latest_row(self.ledger)
-        if newest is None or (anchored is not None and anchored.size >= newest.size):
-            return False
-        self.anchor.anchor(newest.note)
+        with self._running:
+            if not self.prepared:
+                self.anchor.prepare()
+                self.prepared = True
+            newest = self.ledger.latest_checkpoint()
+            anchored = self.store.latest()
+            if newest is None or (anchored is not None and anchored.size >= newest.size):
+                return False
+            self.anchor.anchor(newest.note)
         if self.after_anchor is not None:
             self.after_anchor()
         return True
@@ -84,15 +111,29 @@ class AnchorWorker:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
 
     def _loop(self) -> None:
-        wait = self.interval_s
-        while not self._stop.wait(wait):
+        wait = 0.0  # register (and anchor any backlog) at once
+        while not self._stop.is_set():
+            if self.failures:
+                self._stop.wait(wait)  # backing off: a seal does not cut the pause short
+            else:
+                self._wake.wait(wait)
+            if self._stop.is_set():
+                break
+            self._wake.clear()  # cleared BEFORE reading the newest checkpoint: no lost wake
             try:
                 self.run_once()
-                self.failures, wait = 0, self.interval_s
+                self.failures, wait, self.config_error = 0, self.interval_s, None
+            except BackendConfigurationError as exc:
+                self.failures += 1
+                self.config_error = str(exc)
+                wait = self.config_backoff_s
+                log.error("anchoring is misconfigured: %s; retrying in %.0f s",
+                          exc.diagnostics(), wait)
             except BackendUnavailableError as exc:
                 self.failures += 1
                 wait = min(self.max_backoff_s, self.interval_s * 2 ** self.failures)
@@ -105,5 +146,3 @@ class AnchorWorker:
             if status is not None and status.slo_breached:
                 log.error("anchoring lag %.1f s breaches the %.1f s SLO (%d pending, policy %s)",
                           status.lag_s, self.lag_slo_s, status.backlog, self.policy)
-
-

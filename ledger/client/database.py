@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ledger.anchor.local import LocalAnchor
+from ledger.anchor.store import SqlAnchorStore
 from ledger.client.sources import RecordEvidence, RecordNotFoundError
 from ledger.errors import BackendError, InvalidInputError
 from ledger.store.sql import SqlLedger
@@ -37,7 +37,7 @@ class DatabaseSource:
         return self.ledger.consistency_proof(size1, size2)
 
     def anchored(self) -> tuple[bytes, str] | None:
-        latest = LocalAnchor.latest_row(self.ledger)
+        latest = SqlAnchorStore(self.ledger).latest()
         return (latest.note, latest.ref) if latest else None
 
 

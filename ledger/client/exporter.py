@@ -7,7 +7,7 @@ import urllib.parse
 from collections.abc import Callable
 from datetime import datetime
 
-from ledger.anchor.local import LocalAnchor
+from ledger.anchor.store import SqlAnchorStore
 from ledger.bundle import Bundle, BundleEntry
 from ledger.checkpoint import Checkpoint
 from ledger.client.sources import ServerSource
@@ -44,7 +44,7 @@ def export_from_db(url: str, since: datetime | None, until: datetime | None,
                 progress(len(entries), None)
             if cursor is None:
                 break
-        anchored = LocalAnchor.latest_row(ledger)
+        anchored = SqlAnchorStore(ledger).latest()
         consistency: list[bytes] = []
         if anchored is not None:
             low, high = sorted((anchored.size, latest.size))

@@ -10,6 +10,7 @@ import fcntl
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -107,6 +108,12 @@ class Integrator:
         self.lease = lease or lease_for(ledger)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._on_seal: list[Callable[[StoredCheckpoint], None]] = []
+
+    def subscribe(self, callback: Callable[[StoredCheckpoint], None]) -> None:
+        """Call ``callback`` after each checkpoint this integrator seals (the anchoring
+        worker's wake-up: it should return at once)."""
+        self._on_seal.append(callback)
 
     @property
     def is_leader(self) -> bool:
@@ -116,7 +123,11 @@ class Integrator:
         """Seal the current head if this replica holds the lease and the tree grew."""
         if not self.lease.try_acquire():
             return None
-        return self.ledger.seal_checkpoint(self.signer, self.origin)
+        sealed = self.ledger.seal_checkpoint(self.signer, self.origin)
+        if sealed is not None:
+            for callback in self._on_seal:
+                callback(sealed)
+        return sealed
 
     def start(self) -> Integrator:
         self._thread = threading.Thread(target=self._loop, name="integrator", daemon=True)

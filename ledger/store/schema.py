@@ -24,6 +24,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    text,
 )
 
 metadata = MetaData()
@@ -81,6 +82,10 @@ records = Table(
     Index("ix_records_driver_version", "driver_version"),
     Index("ix_records_service_revision", "service_revision"),
     Index("ix_records_checkpoint_size", "checkpoint_size"),
+    # Rows still waiting for an anchor reference (migration 0004): recording an anchor
+    # updates exactly these.
+    Index("ix_records_unanchored", "leaf_index", sqlite_where=text("anchor_ref IS NULL"),
+          postgresql_where=text("anchor_ref IS NULL")),
 )
 
 api_keys = Table(

@@ -50,15 +50,26 @@ def client_identity(tmp_path: Path) -> Identity:
     return make_identity(tmp_path, "client")
 
 
-@pytest.fixture()
-def peer(tmp_path: Path) -> Iterator[PeerDouble]:
+def new_double(directory: Path, batch_timeout_s: float = 0.0) -> PeerDouble:
     node_modules = Path(__file__).resolve().parents[2] / "chaincode" / "node_modules"
     assert node_modules.is_dir(), "run scripts/setup.sh (it installs the chaincode's packages)"
-    peer_identity = make_identity(tmp_path, "peer0")
-    double = PeerDouble(CHANNEL, CHAINCODE, MSPID,
-                        (peer_identity.serialized(), peer_identity.private_key),
-                        free_port(), free_port())
-    double.start()
+    peer_identity = make_identity(directory, "peer0")
+    return PeerDouble(CHANNEL, CHAINCODE, MSPID,
+                      (peer_identity.serialized(), peer_identity.private_key),
+                      free_port(), free_port(), batch_timeout_s=batch_timeout_s)
+
+
+@pytest.fixture()
+def peer(tmp_path: Path) -> Iterator[PeerDouble]:
+    double = new_double(tmp_path).start()
+    yield double
+    double.stop()
+
+
+@pytest.fixture()
+def stopped_peer(tmp_path: Path) -> Iterator[PeerDouble]:
+    """A double that is NOT serving yet (its port is chosen): the test starts it."""
+    double = new_double(tmp_path)
     yield double
     double.stop()
 

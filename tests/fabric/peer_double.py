@@ -16,10 +16,36 @@ transaction id stays usable); a resubmitted committed envelope succeeds; CommitS
 waits until commit (DEADLINE_EXCEEDED for unknown ids) and reports MVCC_READ_CONFLICT as
 a result code with a block number; an unknown channel is UNAVAILABLE.
 
-Differences from a real peer, on purpose: one peer, one organisation, no orderer (each
-Submit is cut into its own block at once), no MSP validation of the certificate chain
-(any well-formed certificate of the configured MSP id is a member), no _lifecycle read in
-the read set, no ChaincodeEvents stream, no TLS.
+Ordering is modelled by a batch cutter: Submit queues the envelope; a block is cut when
+``batch_timeout_s`` has passed since the first queued one (at once when it is 0), or when
+a test releases a ``hold()``. Validation then runs in block order: a transaction whose read
+versions changed is MVCC_READ_CONFLICT in the SAME block as the winner; a resubmitted
+envelope (committed or already queued) is accepted by Submit, ordered again and marked
+DUPLICATE_TXID, while CommitStatus keeps reporting the first copy. ``qscc``
+GetBlockByTxID is served (block number, envelopes and the transactions filter), so a
+client can find the block of a transaction it never saw commit. ``drop_commit_status``
+makes the next N CommitStatus calls fail UNAVAILABLE after the transaction committed (a
+peer dying while the client waits; with ``down_after_drop`` every later call fails too
+until a test sets ``down`` back to False). The blocks and world state survive a gateway restart
+(``stop_gateway`` returns them, ``start`` takes them back).
+
+Differences from a real peer, on purpose (not modelled):
+- one peer, one organisation, no orderer process: no Raft, no BatchSize in bytes or
+  message count beyond ``max_batch``, no leader election delay (SERVICE_UNAVAILABLE);
+- endorsement policy: one endorsement, never evaluated against a policy; no MSP
+  validation of the certificate chain (any well-formed certificate of the configured MSP
+  id is a member); Submit does not re-check the endorsement signature;
+- range reads: no range-query info in the read set, so a phantom read (a key inserted
+  into a range after it was read) is NOT detected at validation;
+- iterators: every range result comes in the first response (``has_more`` is false);
+  QUERY_STATE_NEXT answers an empty page;
+- bookmarks: paginated ranges restart after the bookmark key; the peer's exact bookmark
+  encoding and its cap on page sizes are not reproduced;
+- no private data, no ``_lifecycle`` read in the read set, no ChaincodeEvents or block
+  event streams, no TLS, other qscc functions (GetChainInfo, GetBlockByNumber,
+  GetTransactionByID) not served;
+- an unknown transaction id in qscc answers like the peer's "entry not found" but the
+  wording of the real message is approximated.
 """
 
 from __future__ import annotations
@@ -218,17 +244,100 @@ class Committed:
     envelope: bytes
 
 
+@dataclass
+class PeerLedger:
+    """What a peer keeps across restarts: world state and the blocks (by number)."""
+
+    state: WorldState = field(default_factory=WorldState)
+    committed: dict[str, Committed] = field(default_factory=dict)  # first copy of each tx
+    # blocks[n] = [(tx id, envelope payload, validation code)]; block 0 is the genesis
+    blocks: list[list[tuple[str, bytes, int]]] = field(default_factory=lambda: [[]])
+
+
 class GatewayDouble(gateway_pb2_grpc.GatewayServicer):  # type: ignore[misc]
     def __init__(self, chaincode: ChaincodeConnection, channel: str, chaincode_name: str,
-                 mspid: str, peer_identity: tuple[bytes, ec.EllipticCurvePrivateKey]) -> None:
+                 mspid: str, peer_identity: tuple[bytes, ec.EllipticCurvePrivateKey],
+                 ledger: PeerLedger | None = None, batch_timeout_s: float = 0.0,
+                 max_batch: int = 10) -> None:
         self.cc, self.channel, self.chaincode_name, self.mspid = (
             chaincode, channel, chaincode_name, mspid)
         self.peer_identity, self.peer_key = peer_identity
-        self.state = WorldState()
+        self.ledger = ledger or PeerLedger()
+        self.state, self.committed = self.ledger.state, self.ledger.committed
         self.endorsed: dict[str, Execution] = {}
-        self.committed: dict[str, Committed] = {}
-        self.block = 0
         self.commit_lock = threading.Condition()
+        self.batch_timeout_s, self.max_batch = batch_timeout_s, max_batch
+        self.pending: list[tuple[str, bytes]] = []
+        self._first_pending_at = 0.0
+        self._held = False
+        self.drop_commit_status = 0  # answer the next N CommitStatus calls UNAVAILABLE
+        self.down_after_drop = False  # and then answer every call UNAVAILABLE (peer died)
+        self.down = False
+        self._closed = False
+        self._cutter = threading.Thread(target=self._cut_loop, name="double-orderer",
+                                        daemon=True)
+        self._cutter.start()
+
+    @property
+    def block(self) -> int:
+        return len(self.ledger.blocks) - 1
+
+    def close(self) -> None:
+        with self.commit_lock:
+            self._closed = True
+            self.commit_lock.notify_all()
+        self._cutter.join(timeout=5)
+
+    # --- the orderer, modelled as a batch cutter --------------------------------------
+
+    def hold(self) -> None:
+        """Queue submitted transactions without cutting a block until ``release``."""
+        with self.commit_lock:
+            self._held = True
+
+    def release(self) -> None:
+        """Cut everything queued into blocks (``max_batch`` transactions each)."""
+        with self.commit_lock:
+            self._held = False
+            while self.pending:
+                self._cut()
+
+    def _cut_loop(self) -> None:
+        with self.commit_lock:
+            while not self._closed:
+                if self.pending and not self._held and self.batch_timeout_s > 0:
+                    due = self._first_pending_at + self.batch_timeout_s - time.monotonic()
+                    if due <= 0:
+                        self._cut()
+                        continue
+                    self.commit_lock.wait(timeout=due)
+                else:
+                    self.commit_lock.wait(timeout=1.0)
+
+    def _cut(self) -> None:
+        """Cut the queued transactions into one block and validate them in order
+        (caller holds ``commit_lock``)."""
+        if not self.pending:
+            return
+        batch, self.pending = self.pending[: self.max_batch], self.pending[self.max_batch:]
+        self._first_pending_at = time.monotonic()
+        number = len(self.ledger.blocks)
+        entries: list[tuple[str, bytes, int]] = []
+        with self.state.lock:
+            for tx_id, payload in batch:
+                run = self.endorsed.get(tx_id)
+                if tx_id in self.committed or any(t == tx_id for t, _, _ in entries) \
+                        or run is None:
+                    entries.append((tx_id, payload, transaction_pb2.DUPLICATE_TXID))
+                    continue
+                conflict = any(self.state.get(k)[1] != v for k, v in run.reads.items())
+                if not conflict:
+                    self.state.apply(run.writes, number)
+                code = transaction_pb2.MVCC_READ_CONFLICT if conflict else transaction_pb2.VALID
+                entries.append((tx_id, payload, code))
+                self.committed[tx_id] = Committed(code, number, payload)
+        self.ledger.blocks.append(entries)
+        self.commit_lock.notify_all()
 
     # --- checks every real peer makes -------------------------------------------------
 
@@ -257,7 +366,7 @@ class GatewayDouble(gateway_pb2_grpc.GatewayServicer):  # type: ignore[misc]
         if not extension.HasField("chaincode_id") or not extension.chaincode_id.name:
             raise ProtocolError(grpc.StatusCode.FAILED_PRECONDITION,
                                 "ChaincodeHeaderExtension.ChaincodeId is nil")
-        if extension.chaincode_id.name != self.chaincode_name:
+        if extension.chaincode_id.name not in (self.chaincode_name, "qscc"):
             raise ProtocolError(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"no peers available to evaluate chaincode "
                                 f"{extension.chaincode_id.name} in channel {self.channel}")
@@ -272,6 +381,9 @@ class GatewayDouble(gateway_pb2_grpc.GatewayServicer):  # type: ignore[misc]
 
     def _evaluate(self, request: Any) -> Any:
         _, _, channel_header, args = self._check_proposal(request.proposed_transaction)
+        extension = proposal_pb2.ChaincodeHeaderExtension.FromString(channel_header.extension)
+        if extension.chaincode_id.name == "qscc":
+            return gateway_pb2.EvaluateResponse(result=self._qscc(args))
         with self.state.lock:
             run = self.cc.execute(self.state, self.channel, channel_header.tx_id,
                                   request.proposed_transaction, args)
@@ -280,6 +392,31 @@ class GatewayDouble(gateway_pb2_grpc.GatewayServicer):  # type: ignore[misc]
                                 f"error: chaincode response {run.response.status}, "
                                 f"{run.response.message}")
         return gateway_pb2.EvaluateResponse(result=run.response)
+
+    def _qscc(self, args: list[bytes]) -> Any:
+        """The query system chaincode: only GetBlockByTxID(channel, tx id)."""
+        function = args[0].decode() if args else ""
+        if function != "GetBlockByTxID" or len(args) != 3:
+            raise ProtocolError(grpc.StatusCode.UNKNOWN, "evaluate call to endorser returned "
+                                f"error: chaincode response 500, {function} is not served "
+                                "by this double")
+        channel, tx_id = args[1].decode(), args[2].decode()
+        with self.commit_lock:
+            done = self.committed.get(tx_id) if channel == self.channel else None
+            entries = list(self.ledger.blocks[done.block]) if done else []
+        if done is None:
+            raise ProtocolError(grpc.StatusCode.UNKNOWN, "evaluate call to endorser returned "
+                                f"error: chaincode response 500, Failed to get block for "
+                                f"txID {tx_id}, error entry not found in index")
+        envelopes = [common_pb2.Envelope(payload=payload).SerializeToString()
+                     for _, payload, _ in entries]
+        metadata = [b""] * 5
+        metadata[common_pb2.BlockMetadataIndex.TRANSACTIONS_FILTER] = bytes(
+            code for _, _, code in entries)
+        block = common_pb2.Block(header=common_pb2.BlockHeader(number=done.block),
+                                 data=common_pb2.BlockData(data=envelopes),
+                                 metadata=common_pb2.BlockMetadata(metadata=metadata))
+        return proposal_response_pb2.Response(status=200, payload=block.SerializeToString())
 
     def Endorse(self, request: Any, context: Any) -> Any:
         return self._guard(context, lambda: self._endorse(request))
@@ -354,20 +491,20 @@ class GatewayDouble(gateway_pb2_grpc.GatewayServicer):  # type: ignore[misc]
                 grpc.StatusCode.ABORTED, "failed to submit transaction",
                 f"FORBIDDEN: implicit policy evaluation failed - Writers: {exc}") from exc
         with self.commit_lock:
-            if tx_id in self.committed:
-                return gateway_pb2.SubmitResponse()
-            run = self.endorsed.get(tx_id)
-            if run is None:
+            # A committed envelope submitted again is accepted and ordered again (the
+            # peer marks that copy DUPLICATE_TXID); an unknown one was never endorsed.
+            if tx_id not in self.committed and tx_id not in self.endorsed:
                 raise ProtocolError(grpc.StatusCode.ABORTED, "failed to submit transaction",
                                     "transaction was not endorsed by this gateway")
-            self.block += 1
-            with self.state.lock:
-                conflict = any(self.state.get(k)[1] != v for k, v in run.reads.items())
-                if not conflict:
-                    self.state.apply(run.writes, self.block)
-            code = (transaction_pb2.MVCC_READ_CONFLICT if conflict else transaction_pb2.VALID)
-            self.committed[tx_id] = Committed(code, self.block, envelope.payload)
-            self.commit_lock.notify_all()
+            if not self.pending:
+                self._first_pending_at = time.monotonic()
+            self.pending.append((tx_id, bytes(envelope.payload)))
+            if self._held:
+                pass
+            elif self.batch_timeout_s <= 0 or len(self.pending) >= self.max_batch:
+                self._cut()
+            else:
+                self.commit_lock.notify_all()  # wake the cutter's timer
         return gateway_pb2.SubmitResponse()
 
     def CommitStatus(self, request: Any, context: Any) -> Any:
@@ -387,10 +524,18 @@ class GatewayDouble(gateway_pb2_grpc.GatewayServicer):  # type: ignore[misc]
                                         "exceeded")
                 self.commit_lock.wait(timeout=min(remaining or 1.0, 1.0))
             done = self.committed[request.transaction_id]
+            dropped = self.drop_commit_status > 0
+            if dropped:
+                self.drop_commit_status -= 1
+                self.down = self.down or self.down_after_drop
+        if dropped:  # committed, but the client never hears of it
+            raise ProtocolError(grpc.StatusCode.UNAVAILABLE, "connection reset by peer")
         return gateway_pb2.CommitStatusResponse(result=done.code, block_number=done.block)
 
     def _guard(self, context: Any, call: Any) -> Any:
         try:
+            if self.down:
+                raise ProtocolError(grpc.StatusCode.UNAVAILABLE, "connection refused")
             return call()
         except ProtocolError as error:
             if error.detail is not None:
@@ -409,10 +554,11 @@ class PeerDouble:
 
     def __init__(self, channel: str, chaincode_name: str, mspid: str,
                  peer_identity: tuple[bytes, ec.EllipticCurvePrivateKey],
-                 gateway_port: int, chaincode_port: int) -> None:
+                 gateway_port: int, chaincode_port: int, batch_timeout_s: float = 0.0) -> None:
         self.channel, self.chaincode_name, self.mspid = channel, chaincode_name, mspid
         self.peer_identity = peer_identity
         self.gateway_port, self.chaincode_port = gateway_port, chaincode_port
+        self.batch_timeout_s = batch_timeout_s
         self.server: grpc.Server | None = None
         self.node: subprocess.Popen[bytes] | None = None
         self.gateway: GatewayDouble | None = None
@@ -422,41 +568,46 @@ class PeerDouble:
         return f"127.0.0.1:{self.gateway_port}"
 
     def start_chaincode(self) -> None:
-        binary = ROOT / "chaincode" / "node_modules" / ".bin" / "fabric-chaincode-node"
-        self.node = subprocess.Popen(
-            [str(binary), "server", "--chaincode-address", f"127.0.0.1:{self.chaincode_port}",
-             "--chaincode-id", f"{self.chaincode_name}:double", "--module-path",
-             str(ROOT / "chaincode")], cwd=ROOT / "chaincode",
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Started as Fabric's chaincode-as-a-service docs configure it (environment
+        # variables), through the chaincode's own `npm start` file.
+        import os
 
-    def start(self, world: WorldState | None = None) -> PeerDouble:
+        env = dict(os.environ, CHAINCODE_SERVER_ADDRESS=f"127.0.0.1:{self.chaincode_port}",
+                   CHAINCODE_ID=f"{self.chaincode_name}:double")
+        self.node = subprocess.Popen(
+            ["node", str(ROOT / "chaincode" / "start-server.js")], cwd=ROOT / "chaincode",
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def start(self, ledger: PeerLedger | None = None) -> PeerDouble:
+        """Serve; with ``ledger`` (from ``stop_gateway``) the peer keeps its blocks."""
         if self.node is None:
             self.start_chaincode()
         connection = ChaincodeConnection(f"127.0.0.1:{self.chaincode_port}")
         gateway = GatewayDouble(connection, self.channel, self.chaincode_name, self.mspid,
-                                self.peer_identity)
-        if world is not None:
-            gateway.state = world
+                                self.peer_identity, ledger=ledger,
+                                batch_timeout_s=self.batch_timeout_s)
         self.gateway = gateway
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
         gateway_pb2_grpc.add_GatewayServicer_to_server(gateway, self.server)
         self.server.add_insecure_port(self.endpoint)
         self.server.start()
         return self
 
-    def stop_gateway(self) -> WorldState:
-        """Stop serving (a peer outage); returns the world state to restart with."""
+    def stop_gateway(self) -> PeerLedger:
+        """Stop serving (a peer outage); returns the ledger to restart with."""
         assert self.server is not None and self.gateway is not None
         self.server.stop(grace=None).wait()
+        self.gateway.close()
         self.gateway.cc.close()
-        return self.gateway.state
+        ledger, self.server = self.gateway.ledger, None
+        return ledger
 
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop(grace=None)
         if self.gateway is not None:
+            self.gateway.close()
             self.gateway.cc.close()
         if self.node is not None:
             self.node.terminate()
             self.node.wait(timeout=10)
-        time.sleep(0)

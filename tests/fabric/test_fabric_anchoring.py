@@ -112,4 +112,8 @@ async def test_end_to_end_generate_anchor_on_fabric_and_verify(
     result = json.loads(capsys.readouterr().out)
     assert code == 0, result
     anchor_check = result["checks"][3]["reason"]
-    assert f"fabric:{CHANNEL}:" in anchor_check and "block" in anchor_check
+    # The tx id and the block both come from the channel (GetLatest, then qscc).
+    assert peer.gateway is not None
+    tx_id = json.loads(gateway_for(peer, client_identity).evaluate("GetLatest", ORIGIN))["txId"]
+    block = peer.gateway.committed[tx_id].block
+    assert f"fabric:{CHANNEL}:{tx_id} block {block}" in anchor_check, anchor_check

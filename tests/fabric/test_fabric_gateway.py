@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -68,7 +70,7 @@ def test_high_s_proposal_signature_is_refused(peer: PeerDouble, client_identity:
     )
 
     from ledger.anchor.fabric import P256_ORDER
-    from ledger.errors import BackendError
+    from ledger.errors import BackendConfigurationError
 
     def high_s(message: bytes) -> bytes:
         r, s = decode_dss_signature(client_identity.private_key.sign(
@@ -77,8 +79,9 @@ def test_high_s_proposal_signature_is_refused(peer: PeerDouble, client_identity:
 
     monkeypatch.setattr(type(client_identity), "sign", lambda self, message: high_s(message))
     gateway = gateway_for(peer, client_identity)
-    with pytest.raises(BackendError, match="FAILED_PRECONDITION.*access denied.*high-S"):
+    with pytest.raises(BackendConfigurationError, match="FAILED_PRECONDITION") as info:
         gateway.evaluate("GetLatest", ORIGIN)
+    assert re.search("access denied.*high-S", info.value.diagnostics())
 
 
 def test_unsigned_and_foreign_signed_envelopes(peer: PeerDouble, client_identity: Identity,
@@ -109,26 +112,86 @@ def test_unsigned_and_foreign_signed_envelopes(peer: PeerDouble, client_identity
                                           prepared_transaction=envelope))
 
 
-def test_concurrent_writes_to_one_key_give_an_mvcc_conflict(peer: PeerDouble,
-                                                            client_identity: Identity) -> None:
+def _endorse_signed(gateway: Any, function: str, args: list[str]) -> tuple[str, Any]:
+    """Endorse a proposal and sign the prepared envelope (not submitted yet)."""
     from fabric_protos.gateway import gateway_pb2
 
+    tx_id, signed = gateway._proposal(function, args)
+    endorsed = gateway._stub.Endorse(gateway_pb2.EndorseRequest(
+        transaction_id=tx_id, channel_id="auditchannel", proposed_transaction=signed))
+    envelope = endorsed.prepared_transaction
+    envelope.signature = gateway.identity.sign(envelope.payload)
+    return tx_id, envelope
+
+
+def _submit(gateway: Any, tx_id: str, envelope: Any) -> None:
+    from fabric_protos.gateway import gateway_pb2
+
+    gateway._stub.Submit(gateway_pb2.SubmitRequest(
+        transaction_id=tx_id, channel_id="auditchannel", prepared_transaction=envelope))
+
+
+def test_concurrent_writes_to_one_key_conflict_in_the_same_block(
+        peer: PeerDouble, client_identity: Identity) -> None:
     signer, gateway = _registered(peer, client_identity)
     tree = merkle.MemoryTree(merkle.hash_leaf(b"%d" % i) for i in range(2))
-    envelopes = []
-    for size in (1, 2):  # both endorsed against the same (empty) latest checkpoint
-        note = signer.sign_checkpoint(Checkpoint(ORIGIN, size, tree.root(size))).decode()
-        tx_id, signed = gateway._proposal("AnchorCheckpoint", [note, "[]"])  # type: ignore[attr-defined]
-        endorsed = gateway._stub.Endorse(gateway_pb2.EndorseRequest(  # type: ignore[attr-defined]
-            transaction_id=tx_id, channel_id="auditchannel", proposed_transaction=signed))
-        envelopes.append((tx_id, endorsed.prepared_transaction))
+    envelopes = [  # both endorsed against the same (empty) latest checkpoint
+        _endorse_signed(gateway, "AnchorCheckpoint", [signer.sign_checkpoint(
+            Checkpoint(ORIGIN, size, tree.root(size))).decode(), "[]"])
+        for size in (1, 2)]
+    assert peer.gateway is not None
+    peer.gateway.hold()  # the orderer batches both, as a real one within its BatchTimeout
     for tx_id, envelope in envelopes:
-        envelope.signature = client_identity.sign(envelope.payload)
-        gateway._stub.Submit(gateway_pb2.SubmitRequest(  # type: ignore[attr-defined]
-            transaction_id=tx_id, channel_id="auditchannel", prepared_transaction=envelope))
+        _submit(gateway, tx_id, envelope)
+    peer.gateway.release()
     first, second = (gateway.commit_status(t) for t, _ in envelopes)  # type: ignore[attr-defined]
     assert first[0] == "VALID" and second[0] == "MVCC_READ_CONFLICT"
-    assert second[1] > first[1]  # a result code with a block number, not an error
+    assert second[1] == first[1]  # a result code in the winner's block, not an error
+    assert json.loads(gateway.evaluate("GetLatest", ORIGIN))["size"] == 1  # type: ignore[attr-defined]
+
+
+def test_resubmitted_envelope_is_ordered_again_as_duplicate_txid(
+        peer: PeerDouble, client_identity: Identity) -> None:
+    from fabric_protos.common import common_pb2
+    from fabric_protos.peer import transaction_pb2
+
+    signer, gateway = _registered(peer, client_identity)
+    note = signer.sign_checkpoint(Checkpoint(ORIGIN, 1, merkle.hash_leaf(b"dup"))).decode()
+    tx_id, envelope = _endorse_signed(gateway, "AnchorCheckpoint", [note, "[]"])
+    _submit(gateway, tx_id, envelope)
+    status, block = gateway.commit_status(tx_id)  # type: ignore[attr-defined]
+    _submit(gateway, tx_id, envelope)  # accepted, not an error
+    assert peer.gateway is not None and peer.gateway.block == block + 1  # a wasted block
+    assert gateway.commit_status(tx_id) == (status, block)  # type: ignore[attr-defined]
+    assert status == "VALID"
+    wasted = peer.gateway.ledger.blocks[block + 1]
+    assert [(t, code) for t, _, code in wasted] == [(tx_id, transaction_pb2.DUPLICATE_TXID)]
+    # qscc finds the VALID original, not the duplicate copy.
+    assert gateway.block_of(tx_id) == block  # type: ignore[attr-defined]
+    raw = gateway.evaluate("GetBlockByTxID", "auditchannel", tx_id,  # type: ignore[attr-defined]
+                           chaincode="qscc")
+    assert common_pb2.Block.FromString(raw).header.number == block
+
+
+def test_block_of_an_unknown_transaction_is_a_refusal(peer: PeerDouble,
+                                                      client_identity: Identity) -> None:
+    gateway = gateway_for(peer, client_identity)
+    with pytest.raises(ChaincodeRefusedError, match="entry not found"):
+        gateway.block_of("cd" * 32)
+
+
+def test_unknown_chaincode_on_submit_is_a_configuration_error(
+        peer: PeerDouble, client_identity: Identity) -> None:
+    from ledger.anchor.fabric import FabricGateway
+    from ledger.error_map import EXIT_USAGE, exit_code_for
+    from ledger.errors import BackendConfigurationError
+
+    gateway = FabricGateway(peer.endpoint, client_identity, "auditchannel", "nosuchcode")
+    with pytest.raises(BackendConfigurationError, match="chaincode 'nosuchcode'") as info:
+        gateway.submit("InitLog", ORIGIN, "key")
+    assert "FAILED_PRECONDITION" in str(info.value)
+    assert "no peers available" in info.value.diagnostics()  # the peer's own words
+    assert exit_code_for(info.value) == EXIT_USAGE
 
 
 def test_unknown_transaction_waits_until_the_deadline(peer: PeerDouble,
@@ -170,3 +233,11 @@ def test_official_node_client_drives_the_double(peer: PeerDouble, client_identit
     assert out["latest"]["size"] == 1 and out["latest"]["txId"] == out["anchor"]["txId"]
     assert out["refusal"]["name"] == "EndorseError" and out["refusal"]["code"] == 10  # ABORTED
     assert any("MALFORMED" in d for d in out["refusal"]["details"])
+
+
+def test_a_missing_identity_file_names_the_file(tmp_path: Path) -> None:
+    from ledger.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError) as info:
+        Identity.from_files("Org1MSP", tmp_path / "signcerts" / "cert.pem", tmp_path / "key")
+    assert info.value.field == "fabric certificate" and "cert.pem" in info.value.reason

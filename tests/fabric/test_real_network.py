@@ -1,35 +1,83 @@
-"""Against a real Fabric network (compose.yaml), only when one is configured:
-FABRIC_GATEWAY_ENDPOINT, FABRIC_MSPID, FABRIC_CERT, FABRIC_KEY and optionally
-FABRIC_TLS_CA, FABRIC_CHANNEL (auditchannel), FABRIC_CHAINCODE (anchor)."""
+"""Against a REAL Fabric 2.5 network, only when there is one:
+
+- ``FABRIC_BIN`` set (Fabric 2.5 binaries): ``deploy/fabric/native.sh up`` starts one on
+  loopback for this module and ``down`` removes it afterwards; the outage test stops and
+  restarts its peer;
+- or FABRIC_GATEWAY_ENDPOINT, FABRIC_MSPID, FABRIC_CERT, FABRIC_KEY (and FABRIC_TLS_CA,
+  FABRIC_CHANNEL, FABRIC_CHAINCODE) point at a running one (the outage test is skipped:
+  it cannot stop someone else's peer).
+
+Skipped, with the reason, otherwise.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ledger import merkle
-from ledger.anchor.fabric import ChaincodeRefusedError, FabricGateway, Identity
+from ledger.anchor.fabric import ChaincodeRefusedError, FabricAnchor, FabricGateway, Identity
+from ledger.anchor.store import SqlAnchorStore
+from ledger.anchor.worker import AnchorWorker
 from ledger.checkpoint import Checkpoint, NoteSigner
+from ledger.store.integrator import Integrator
+from ledger.store.keys import load_or_create_signer
+from ledger.store.migrate import upgrade
+from ledger.store.sql import SqlLedger
+from tests.records import make_record
 
+ROOT = Path(__file__).resolve().parents[2]
+NATIVE = ROOT / "deploy" / "fabric" / "native.sh"
 NEEDED = ("FABRIC_GATEWAY_ENDPOINT", "FABRIC_MSPID", "FABRIC_CERT", "FABRIC_KEY")
 configured = all(os.environ.get(name) for name in NEEDED)
+native = bool(os.environ.get("FABRIC_BIN")) and not configured
+
+pytestmark = pytest.mark.skipif(
+    not (configured or native),
+    reason="no real Fabric network: set FABRIC_BIN (Fabric 2.5 binaries; native.sh starts "
+           "one) or " + ", ".join(NEEDED))
 
 
-@pytest.mark.skipif(not configured, reason="no real Fabric gateway configured (" +
-                    ", ".join(NEEDED) + ")")
-def test_anchor_on_a_real_network() -> None:
-    env = os.environ
-    tls = Path(env["FABRIC_TLS_CA"]) if env.get("FABRIC_TLS_CA") else None
-    gateway = FabricGateway(env["FABRIC_GATEWAY_ENDPOINT"],
-                            Identity.from_files(env["FABRIC_MSPID"], Path(env["FABRIC_CERT"]),
-                                                Path(env["FABRIC_KEY"])),
-                            env.get("FABRIC_CHANNEL", "auditchannel"),
-                            env.get("FABRIC_CHAINCODE", "anchor"), tls_ca=tls)
+@pytest.fixture(scope="module")
+def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    if configured:
+        yield {k: v for k, v in os.environ.items() if k.startswith("FABRIC_")}
+        return
+    work = tmp_path_factory.mktemp("fabric-native") / "net"
+    env = dict(os.environ, FABRIC_NATIVE_DIR=str(work))
+    up = subprocess.run([str(NATIVE), "up"], env=env, capture_output=True, text=True,
+                        timeout=600)
+    try:
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        values = {}
+        for line in (work / "env").read_text().splitlines():
+            name, _, value = line.removeprefix("export ").partition("=")
+            values[name] = value
+        values["FABRIC_NATIVE_DIR"] = str(work)
+        yield values
+    finally:
+        subprocess.run([str(NATIVE), "down"], env=env, capture_output=True, timeout=120)
+
+
+def gateway_of(values: dict[str, str], **kwargs: float) -> FabricGateway:
+    tls = Path(values["FABRIC_TLS_CA"]) if values.get("FABRIC_TLS_CA") else None
+    return FabricGateway(values["FABRIC_GATEWAY_ENDPOINT"],
+                         Identity.from_files(values["FABRIC_MSPID"], Path(values["FABRIC_CERT"]),
+                                             Path(values["FABRIC_KEY"])),
+                         values.get("FABRIC_CHANNEL", "auditchannel"),
+                         values.get("FABRIC_CHAINCODE", "anchor"), tls_ca=tls, **kwargs)
+
+
+def test_anchor_on_a_real_network(network: dict[str, str]) -> None:
+    gateway = gateway_of(network)
     origin = f"real-network-{uuid.uuid4().hex[:8]}/log"
     signer = NoteSigner(origin, Ed25519PrivateKey.generate())
     gateway.submit("InitLog", origin, signer.verifier().encode())
@@ -37,7 +85,64 @@ def test_anchor_on_a_real_network() -> None:
     note = signer.sign_checkpoint(Checkpoint(origin, 5, tree.root())).decode()
     tx_id, block, _ = gateway.submit("AnchorCheckpoint", note, "[]")
     assert json.loads(gateway.evaluate("GetLatest", origin))["txId"] == tx_id and block > 0
+    assert gateway.block_of(tx_id) == block  # qscc on the channel agrees with CommitStatus
+    # The same checkpoint again: accepted, answered with the ORIGINAL transaction.
+    _, _, again = gateway.submit("AnchorCheckpoint", note, "[]")
+    assert json.loads(again)["txId"] == tx_id
     with pytest.raises(ChaincodeRefusedError) as info:
         gateway.submit("AnchorCheckpoint", signer.sign_checkpoint(
             Checkpoint(origin, 3, tree.root(3))).decode(), "[]")
     assert info.value.code == "ROLLBACK"
+    gateway.close()
+
+
+def _service(tmp_path: Path, network: dict[str, str]) -> tuple[SqlLedger, FabricAnchor,
+                                                                Integrator, SqlAnchorStore]:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade(url)
+    origin = f"real-outage-{uuid.uuid4().hex[:8]}.audit-ledger/log"
+    signer = load_or_create_signer(tmp_path / "log.key", origin)
+    ledger = SqlLedger(url)
+    store = SqlAnchorStore(ledger)
+    anchor = FabricAnchor(ledger, gateway_of(network, timeout_s=5, commit_timeout_s=10),
+                          signer.verifier(), origin, store)
+    return ledger, anchor, Integrator(ledger, signer, origin), store
+
+
+def test_worker_drains_after_a_real_peer_outage(network: dict[str, str],
+                                                tmp_path: Path) -> None:
+    if not native:
+        pytest.skip("the outage test stops the peer that native.sh started")
+    env = dict(os.environ, FABRIC_NATIVE_DIR=network["FABRIC_NATIVE_DIR"])
+    ledger, anchor, integrator, store = _service(tmp_path, network)
+    worker = AnchorWorker(ledger, anchor, interval_s=0.2, max_backoff_s=2.0, store=store)
+    integrator.subscribe(worker.wake)
+    worker.start()
+    try:
+        for i in range(3):
+            ledger.append(make_record(i))
+        integrator.seal_now()
+        deadline = time.monotonic() + 120
+        while worker.status().backlog and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert worker.status().anchored_size == 3
+        subprocess.run([str(NATIVE), "stop-peer"], env=env, check=True, timeout=60)
+        for i in range(3, 9):
+            ledger.append(make_record(i))
+            integrator.seal_now()
+        subprocess.run([str(NATIVE), "start-peer"], env=env, check=True, timeout=120,
+                       capture_output=True)
+        deadline = time.monotonic() + 180
+        while worker.status().backlog and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert worker.status().backlog == 0 and worker.status().anchored_size == 9
+        assert store.unreferenced_below(9) == 0
+        latest = anchor.latest_on_chain()
+        assert latest is not None and latest["size"] == 9
+        recorded = store.latest()
+        assert recorded is not None and latest["txId"] in recorded.ref
+    finally:
+        worker.stop()
+        integrator.lease.release()
+        anchor.gateway.close()
+        ledger.close()

@@ -282,7 +282,8 @@ async def test_health_readiness_metrics(service: Any) -> None:
     assert (await client.get("/healthz")).status == 200
     ready = await (await client.get("/readyz")).json()
     assert ready == {"ready": True, "checks": {"model_loaded": True, "ledger_reachable": True,
-                                               "anchoring_within_slo": True}}
+                                               "anchoring_within_slo": True,
+                                               "anchor_configured": True}}
     text = await (await client.get("/metrics")).text()
     for name in ("audit_phase_seconds_bucket{le=", 'phase="forward"', 'phase="append"',
                  "audit_batch_size_count", "audit_queue_depth", "audit_checkpoint_lag_entries",

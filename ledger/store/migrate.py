@@ -17,5 +17,7 @@ def alembic_config(url: str) -> Config:
     return config
 
 
-def upgrade(url: str, revision: str = "head") -> None:
+def upgrade(url: str, revision: str = "heads") -> None:
+    # "heads": branches of parallel work (each migration revises 0001 until the lead
+    # chains them) all apply; with one chain it is the same as "head".
     command.upgrade(alembic_config(url), revision)

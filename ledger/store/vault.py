@@ -506,6 +506,10 @@ def check_subject(subject: Any) -> str:
     """A data-subject id: 1 to 256 characters of text."""
     if not isinstance(subject, str) or not 1 <= len(subject) <= MAX_SUBJECT_CHARS:
         raise InvalidInputError("subject", f"must be 1 to {MAX_SUBJECT_CHARS} characters")
+    try:
+        subject.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError("subject", "must be valid Unicode text") from exc
     return subject
 
 

@@ -19,7 +19,7 @@ from ledger.client.database import DatabaseSource
 from ledger.client.sources import gather
 from ledger.content_records import ACCESS_SCHEMA, ERASURE_SCHEMA
 from ledger.digest import commit_text, new_salt
-from ledger.errors import InvalidInputError
+from ledger.errors import BackendUnavailableError, InvalidInputError
 from ledger.record import AuditRecord, build_record
 from ledger.store.keyring import FileKeyring
 from ledger.store.schema import vault_content
@@ -326,3 +326,35 @@ def test_vault_tables_never_reach_the_mirror(world: World) -> None:
             "SELECT column_name FROM information_schema.columns WHERE table_name = 'records'"
             if world.ledger.is_postgres else "SELECT name FROM pragma_table_info('records')"))}
     assert not {"prompt", "subject_hash", "prompt_ct"} & names
+
+
+def test_access_leaf_is_durable_before_any_decryption(world: World) -> None:
+    kept = world.keep(70)
+    events: list[str] = []
+    decrypt = world.vault.decrypt
+
+    class Journal:
+        def append(self, record: AuditRecord, timeout: float | None = 60.0) -> object:
+            receipt = world.ledger.append(record, timeout)
+            # Committed: a fresh connection sees the leaf before anything is decrypted.
+            assert world.ledger.get_record(record.record_id) is not None
+            events.append("append committed")
+            return receipt
+
+    def spying_decrypt(record_id: str) -> object:
+        events.append("decrypt")
+        return decrypt(record_id)
+
+    world.vault.decrypt = spying_decrypt  # type: ignore[method-assign,assignment]
+    world.vault.read_audited(Journal(), kept.record.record_id, AUDITOR, "ordering", "http")
+    assert events == ["append committed", "decrypt"]
+
+
+def test_no_content_when_the_access_leaf_cannot_be_committed(world: World) -> None:
+    kept = world.keep(71)
+    world.ledger.close()  # appends now fail: the log cannot take the access leaf
+    decrypted: list[str] = []
+    world.vault.decrypt = lambda record_id: decrypted.append(record_id)  # type: ignore[method-assign,assignment,func-returns-value]
+    with pytest.raises(BackendUnavailableError):
+        world.vault.read_audited(world.ledger, kept.record.record_id, AUDITOR, "outage", "cli")
+    assert decrypted == []

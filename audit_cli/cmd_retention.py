@@ -6,6 +6,7 @@
   audit-ledger retention release HOLD_ID
   audit-ledger retention expire [--now 2027-06-01T00:00:00Z]
   audit-ledger retention rotate-key --tenant T
+  audit-ledger retention report --tenant T --subject S
 """
 
 from __future__ import annotations
@@ -83,6 +84,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     rotate = actions.add_parser("rotate-key", help="new key-encryption key for a tenant; "
                                 "re-wraps data keys, retires the old key")
     rotate.add_argument("--tenant", required=True)
+    report = actions.add_parser("report", help="a data subject's records: kept, erased, "
+                                "and every logged read of them")
+    report.add_argument("--tenant", required=True)
+    report.add_argument("--subject", required=True)
 
 
 def _now(text: str | None) -> datetime | None:
@@ -95,7 +100,7 @@ def _now(text: str | None) -> datetime | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with opened(args, ledger=args.action == "expire") as (vault, journal):
+    with opened(args, ledger=args.action in ("expire", "report")) as (vault, journal):
         if args.action == "set":
             policy = vault.set_policy(args.tenant, args.mode, args.days)
             _show(args, policy.to_dict(), f"tenant {policy.tenant}: {policy.mode}"
@@ -136,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
                     print(f"kept past expiry by legal hold {h.hold_id} on {h.scope}")
                 if not erasures and not held:
                     print("nothing has expired")
+        elif args.action == "report":
+            _report(args, vault, journal)
         else:
             kek, count, retired = vault.rotate(args.tenant)
             _show(args, {"tenant": args.tenant, "kek_id": kek, "rewrapped": count,
@@ -143,6 +150,52 @@ def run(args: argparse.Namespace) -> int:
                   f"tenant {args.tenant}: new key-encryption key {kek}; {count} data keys "
                   f"re-wrapped; retired {', '.join(retired) or 'none'}")
     return 0
+
+
+def _report(args: argparse.Namespace, vault: Any, journal: Any) -> None:
+    """Per subject: its records (from the vault's keyed hashes) and the access and erasure
+    leaves about them (from the tenant's mirror rows)."""
+    from ledger.content_records import ACCESS_SCHEMA, ERASURE_SCHEMA
+    from ledger.record import AuditRecord
+
+    rows = vault.rows(args.tenant, args.subject)
+    ids = {r.record_id for r in rows}
+    reads: list[dict[str, Any]] = []
+    erasures: list[dict[str, Any]] = []
+    cursor = None
+    while ids:
+        page, cursor = journal.query(tenant=args.tenant, limit=1000, cursor=cursor)
+        for row in page:
+            body = AuditRecord.from_canonical(row.canonical).body
+            if body["schema"] == ACCESS_SCHEMA and body["access"]["record_id"] in ids:
+                reads.append({"leaf_index": row.leaf_index, "at": body["created_at"],
+                              "record_id": body["access"]["record_id"],
+                              "purpose": body["access"]["purpose"],
+                              "by": body["access"]["accessor"]})
+            elif body["schema"] == ERASURE_SCHEMA and ids & set(body["erasure"]["records"]):
+                erasures.append({"leaf_index": row.leaf_index, "at": body["created_at"],
+                                 "erasure_record_id": body["record_id"],
+                                 "reason": body["erasure"]["reason"]})
+        if cursor is None:
+            break
+    records = [{"record_id": r.record_id, "created_at": r.created_at.isoformat() + "Z",
+                "retained_until": r.expires_at.isoformat() + "Z",
+                "erased_at": r.erased_at.isoformat() + "Z" if r.erased_at else None,
+                "erasure_record_id": r.erasure_record_id} for r in rows]
+    if args.json:
+        print_json({"tenant": args.tenant, "records": records, "reads": reads,
+                    "erasures": erasures})
+        return
+    print(f"tenant {args.tenant}: {len(records)} records of this subject")
+    for r in records:
+        state = (f"erased {r['erased_at']} ({r['erasure_record_id']})" if r["erased_at"]
+                 else f"kept until {r['retained_until']}")
+        print(f"  {r['record_id']}  {state}")
+    for read in reads:
+        print(f"  read {read['at']} {read['record_id']} by {read['by']['key_id']} "
+              f"({read['by']['role']}, {read['by']['tenant']}): {read['purpose']}")
+    for erasure in erasures:
+        print(f"  erasure {erasure['at']} {erasure['erasure_record_id']} ({erasure['reason']})")
 
 
 def _show(args: argparse.Namespace, value: dict[str, Any], text: str) -> None:

@@ -358,3 +358,29 @@ def test_no_content_when_the_access_leaf_cannot_be_committed(world: World) -> No
     with pytest.raises(BackendUnavailableError):
         world.vault.read_audited(world.ledger, kept.record.record_id, AUDITOR, "outage", "cli")
     assert decrypted == []
+
+
+def test_subject_report_lists_records_reads_and_erasures(world: World) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests.live_service import ROOT
+
+    mine = [world.keep(80, subject="erin"), world.keep(81, subject="erin")]
+    other = world.keep(82, subject="frank")
+    world.vault.read_audited(world.ledger, mine[0].record.record_id, AUDITOR, "complaint", "http")
+    world.vault.read_audited(world.ledger, other.record.record_id, AUDITOR, "other", "http")
+    erasure = world.vault.erase(world.ledger, "bank-a", record_ids=[mine[1].record.record_id],
+                                requested_by="cli:dpo")
+    done = subprocess.run(
+        [sys.executable, "-m", "audit_cli.main", "retention", "--db", world.ledger.url,
+         "--keyring", str(world.keyring_path), "--json", "report", "--tenant", "bank-a",
+         "--subject", "erin"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert sorted(r["record_id"] for r in report["records"]) == sorted(
+        k.record.record_id for k in mine)
+    assert [(r["record_id"], r["purpose"]) for r in report["reads"]] == [
+        (mine[0].record.record_id, "complaint")]
+    assert [e["erasure_record_id"] for e in report["erasures"]] == [erasure.erasure_record_id]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import and_, event, insert, or_, select, update
+from sqlalchemy import and_, event, insert, or_, select, text, update
 
 from ledger.content_records import access_body, erasure_body
 from ledger.errors import InvalidInputError
@@ -42,6 +42,7 @@ from ledger.vault_crypto import (
 from ledger.vault_errors import ContentErasedError, ContentNotRetainedError, LegalHoldError
 
 MODES = ("commitments", "content")
+EXPIRY_LOCK_KEY = 0x7661756C74  # "vault": shared by every replica
 MAX_SUBJECT_CHARS = 256
 CIPHERTEXT_COLUMNS = {"prompt": "prompt_ct", "output": "output_ct",
                       "input_salt": "input_salt_ct", "output_salt": "output_salt_ct"}
@@ -405,6 +406,21 @@ class ContentVault:
         Returns the erasures (one per tenant) and the holds that kept records past their end.
         """
         moment = _naive(now) if now is not None else self.clock()
+        if self.engine.dialect.name != "postgresql":
+            return self._expire(ledger, moment)
+        # Replicas sharing one database: one expires at a time, the others skip this run
+        # (each would otherwise log its own erasure leaf for the same records).
+        with self.engine.connect() as lock:
+            if not lock.execute(text("SELECT pg_try_advisory_lock(:k)"),
+                                {"k": EXPIRY_LOCK_KEY}).scalar():
+                return [], []
+            try:
+                return self._expire(ledger, moment)
+            finally:
+                lock.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": EXPIRY_LOCK_KEY})
+                lock.commit()
+
+    def _expire(self, ledger: Appender, moment: datetime) -> tuple[list[Erasure], list[Hold]]:
         with self.engine.connect() as conn:
             due = conn.execute(
                 select(vault_content.c.record_id, vault_content.c.tenant)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -22,6 +22,7 @@ from ledger.digest import commit_text, new_salt
 from ledger.errors import BackendUnavailableError, InvalidInputError
 from ledger.record import AuditRecord, build_record
 from ledger.store.keyring import FileKeyring
+from ledger.store.migrate import upgrade
 from ledger.store.schema import vault_content
 from ledger.store.sql import SqlLedger
 from ledger.store.vault import Accessor, ContentVault, RetainItem
@@ -77,6 +78,18 @@ class World:
 
 @pytest.fixture()
 def world(ledger_url: str, signer: NoteSigner, tmp_path: Path) -> Iterator[World]:
+    yield from _world(ledger_url, signer, tmp_path)
+
+
+@pytest.fixture()
+def pg_world(make_pg_database: Callable[[], str], signer: NoteSigner,
+             tmp_path: Path) -> Iterator[World]:
+    url = make_pg_database()
+    upgrade(url)
+    yield from _world(url, signer, tmp_path)
+
+
+def _world(ledger_url: str, signer: NoteSigner, tmp_path: Path) -> Iterator[World]:
     ledger = SqlLedger(ledger_url).start()
     keyring_path = tmp_path / "home" / "vault.keyring"
     vault = ContentVault(ledger_url, FileKeyring(keyring_path), minimum_days=183,
@@ -384,3 +397,21 @@ def test_subject_report_lists_records_reads_and_erasures(world: World) -> None:
     assert [(r["record_id"], r["purpose"]) for r in report["reads"]] == [
         (mine[0].record.record_id, "complaint")]
     assert [e["erasure_record_id"] for e in report["erasures"]] == [erasure.erasure_record_id]
+
+
+def test_one_replica_expires_at_a_time_on_postgresql(pg_world: World) -> None:
+    from sqlalchemy import create_engine
+
+    from ledger.store.vault import EXPIRY_LOCK_KEY
+
+    due = pg_world.keep(90)
+    later = datetime(2026, 6, 1, 9, 0) + timedelta(days=400)
+    other = create_engine(pg_world.ledger.url)  # another replica, expiring right now
+    with other.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": EXPIRY_LOCK_KEY})
+        assert pg_world.vault.expire(pg_world.ledger, now=later) == ([], [])
+        assert pg_world.vault.decrypt(due.record.record_id)[1].prompt == due.item.prompt
+        conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": EXPIRY_LOCK_KEY})
+    other.dispose()
+    erasures, _ = pg_world.vault.expire(pg_world.ledger, now=later)
+    assert [e.records for e in erasures] == [[due.record.record_id]]

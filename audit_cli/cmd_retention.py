@@ -42,7 +42,7 @@ def operator_name() -> str:
 def opened(args: argparse.Namespace, ledger: bool = False) -> Iterator[tuple[Any, Any]]:
     """(vault, ledger or None) over the configured database, migrated first."""
     from inference_wrapper.server.settings import Settings
-    from ledger.store.keyring import FileKeyring
+    from ledger.store.keyring import load_keks
     from ledger.store.migrate import upgrade
     from ledger.store.sql import SqlLedger
     from ledger.store.vault import ContentVault
@@ -50,7 +50,8 @@ def opened(args: argparse.Namespace, ledger: bool = False) -> Iterator[tuple[Any
     settings = Settings.from_env()
     url = args.database_url or settings.database_url
     upgrade(url)
-    vault = ContentVault(url, FileKeyring(args.keyring or settings.keyring_path),
+    vault = ContentVault(url, load_keks(args.keyring or settings.keyring_path,
+                                        settings.kek_provider),
                          default_mode=settings.retention_default_mode,
                          default_days=settings.retention_default_days,
                          minimum_days=settings.retention_minimum_days, policy_cache_s=0.0)

@@ -21,7 +21,7 @@ import hashlib
 import hmac
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -64,8 +64,9 @@ class KeyEncryptionKeys(Protocol):
         """Make a new KEK current for the tenant; returns its id (old ones still unwrap)."""
         ...
 
-    def retire(self, tenant: str) -> list[str]:
-        """Destroy the tenant's KEKs other than the current one; returns their ids."""
+    def retire(self, tenant: str, keep: Collection[str] = ()) -> list[str]:
+        """Destroy the tenant's KEKs other than the current one and ``keep``; returns
+        their ids."""
         ...
 
 
@@ -232,11 +233,11 @@ class KeyringData:
         self.changed()
         return kek_id
 
-    def retire(self, tenant: str) -> list[str]:
-        """Forget every KEK of the tenant but the current one; returns their ids."""
+    def retire(self, tenant: str, keep: Collection[str] = ()) -> list[str]:
+        """Forget every KEK of the tenant but the current one and ``keep``."""
         entry = self._tenant(tenant, create=False)
         keks = self._keks(tenant)
-        old = [k for k in keks if k != entry["current"]]
+        old = [k for k in keks if k != entry["current"] and k not in keep]
         for kek_id in old:
             del keks[kek_id]
         if old:

@@ -28,7 +28,7 @@ from inference_wrapper.server.validation import Field, check_fields, parse_json_
 from ledger.content_records import check_purpose
 from ledger.error_map import http_status_for
 from ledger.errors import BackendError, InvalidInputError, LedgerError
-from ledger.store.keyring import FileKeyring
+from ledger.store.keyring import load_keks
 from ledger.store.vault import Accessor, ContentVault, RetainItem, check_subject
 from ledger.vault_errors import ContentErasedError, LegalHoldError
 
@@ -86,7 +86,8 @@ def problem_for(error: LedgerError) -> Problem:
 
 
 def open_vault(settings: Any) -> ContentVault:
-    return ContentVault(settings.database_url, FileKeyring(settings.keyring_path),
+    return ContentVault(settings.database_url,
+                        load_keks(settings.keyring_path, settings.kek_provider),
                         default_mode=settings.retention_default_mode,
                         default_days=settings.retention_default_days,
                         minimum_days=settings.retention_minimum_days)

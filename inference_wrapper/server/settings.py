@@ -41,6 +41,7 @@ class Settings:
     retention_minimum_days: int = 183  # EU AI Act Art. 19: at least six months
     retention_expiry_interval_s: float = 3600.0
     keyring_path: Path = DATA_HOME / "vault.keyring"
+    kek_provider: str = ""  # "package.module:factory" of a KMS-backed KeyEncryptionKeys
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:

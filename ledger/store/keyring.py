@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import importlib
 import json
 import logging
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ledger.vault_crypto import KeyringData
+from ledger.errors import InvalidInputError
+from ledger.vault_crypto import KeyEncryptionKeys, KeyringData
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +150,21 @@ class FileKeyring(KeyringData):
         with self._mutex, self._locked():
             return super().rotate(tenant)
 
-    def retire(self, tenant: str) -> list[str]:
+    def retire(self, tenant: str, keep: Collection[str] = ()) -> list[str]:
         with self._mutex, self._locked():
-            return super().retire(tenant)
+            return super().retire(tenant, keep)
+
+
+def load_keks(keyring_path: Path, provider: str = "") -> KeyEncryptionKeys:
+    """The keyring file, or the operator's own ``KeyEncryptionKeys`` (e.g. a KMS client)
+    named ``package.module:factory`` and built by calling ``factory()``."""
+    if not provider:
+        return FileKeyring(keyring_path)
+    module_name, _, name = provider.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise InvalidInputError("kek_provider", f"cannot load {provider!r} (expected "
+                                "package.module:factory)") from exc
+    keks: KeyEncryptionKeys = factory()
+    return keks

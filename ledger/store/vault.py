@@ -504,7 +504,16 @@ class ContentVault:
                         vault_content.c.wrapped_key.is_not(None)))
                         .values(kek_id=kek, wrapped_key=rewrapped))
             count += len(rows)
-        return new_id, count, self.keks.retire(tenant)
+        # A process that wrapped a key under the old KEK just before it saw the rotation
+        # may have stored it after the last pass: such a KEK is kept, not destroyed (the
+        # next rotation re-wraps and retires it).
+        with self.engine.connect() as conn:
+            still_used = set(conn.execute(
+                select(vault_content.c.kek_id).distinct()
+                .where(vault_content.c.tenant == tenant,
+                       vault_content.c.wrapped_key.is_not(None),
+                       vault_content.c.kek_id != new_id)).scalars())
+        return new_id, count, self.keks.retire(tenant, keep=still_used)
 
 
 def _secure_delete(dbapi_connection: Any, _record: Any) -> None:

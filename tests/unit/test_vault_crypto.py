@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -160,3 +161,31 @@ def test_error_map_statuses_and_exit_codes() -> None:
     assert exit_code_for(hold) == 1 and exit_code_for(erased) == 1
     assert exit_code_for(ContentIntegrityError("r", "prompt", "x")) == 1
     assert "hold-1" in str(hold) and "e" == erased.erasure_record_id
+
+
+def test_retire_keeps_a_kek_still_in_use() -> None:
+    keys = KeyringData()
+    first = keys.current_kek_id("bank-a")
+    second = keys.rotate("bank-a")
+    third = keys.rotate("bank-a")
+    assert keys.retire("bank-a", keep={first}) == [second]
+    assert set(keys._keks("bank-a")) == {first, third}
+
+
+def operator_kms() -> KeyringData:
+    """Stands for an operator's KMS client in the plug-in test below."""
+    return KeyringData()
+
+
+def test_an_operator_plugs_in_its_own_key_encryption_keys(tmp_path: Path) -> None:
+    from ledger.store.keyring import FileKeyring, load_keks
+
+    plugged = load_keks(tmp_path / "unused", "tests.unit.test_vault_crypto:operator_kms")
+    assert isinstance(plugged, KeyringData) and not isinstance(plugged, FileKeyring)
+    sealed = seal_content(plugged, "bank-a", "rec-a", LEAF_A, CONTENT_A)
+    assert open_content(plugged, "bank-a", "rec-a", LEAF_A, sealed) == CONTENT_A
+    assert not (tmp_path / "unused").exists()
+    assert isinstance(load_keks(tmp_path / "keyring"), FileKeyring)
+    with pytest.raises(InvalidInputError) as caught:
+        load_keks(tmp_path / "keyring", "no.such.module:factory")
+    assert caught.value.field == "kek_provider"

@@ -21,6 +21,7 @@ from ledger.content_records import ACCESS_SCHEMA, ERASURE_SCHEMA
 from ledger.digest import commit_text, new_salt
 from ledger.errors import BackendUnavailableError, InvalidInputError
 from ledger.record import AuditRecord, build_record
+from ledger.store.fsck import fsck
 from ledger.store.keyring import FileKeyring
 from ledger.store.migrate import upgrade
 from ledger.store.schema import vault_content
@@ -237,6 +238,9 @@ def test_erasure_by_subject_shreds_keys_and_every_proof_still_holds(world: World
     assert len(leftovers) == 2
     assert all(r.wrapped_key is None and r.prompt_ct is None and r.output_salt_ct is None
                for r in leftovers)
+    # fsck recomputes every leaf, node, root and checkpoint from the stored bytes.
+    report = fsck(world.ledger, world.signer.verifier())
+    assert report.ok, report
     # Bob's content is untouched.
     assert world.vault.decrypt(kept_bob.record.record_id)[1].prompt == kept_bob.item.prompt
     # Erasing again finds nothing left and appends nothing.

@@ -3,8 +3,11 @@ crypto-shredding (proofs still hold), legal holds, expiry on an injected clock, 
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -36,6 +39,7 @@ from ledger.vault_errors import (
 )
 from ledger.verify import Disclosure, Verdict, verify_record
 from tests.integration.conftest import ORIGIN
+from tests.live_service import ROOT
 
 AUDITOR = Accessor("key-auditor-1", "auditor", "audit-firm")
 CREATED = "2026-06-01T09:00:00.000Z"
@@ -377,23 +381,54 @@ def test_no_content_when_the_access_leaf_cannot_be_committed(world: World) -> No
     assert decrypted == []
 
 
+def _cli(world: World, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "audit_cli.main", *args], cwd=ROOT, capture_output=True,
+        text=True, timeout=300)
+
+
+def test_operator_commands_read_expire_and_rotate(world: World) -> None:
+    kept = world.keep(85)
+    vault = ("--db", world.ledger.url, "--keyring", str(world.keyring_path))
+    read = _cli(world, "content", kept.record.record_id, "--purpose", "complaint 4411", *vault)
+    assert read.returncode == 0, read.stderr
+    assert kept.item.prompt in read.stdout
+    assert "[PASS] 5. prompt and output open their commitments" in read.stdout
+    leaf_id = read.stdout.split("access record ")[1].split()[0]
+    row = world.ledger.get_record(leaf_id)
+    assert row is not None
+    accessor = AuditRecord.from_canonical(row.canonical).body["access"]["accessor"]
+    assert accessor["role"] == "operator" and accessor["key_id"].startswith("local:")
+
+    rotated = _cli(world, "retention", *vault, "--json", "rotate-key", "--tenant", "bank-a")
+    assert rotated.returncode == 0, rotated.stderr
+    assert json.loads(rotated.stdout)["rewrapped"] == 1
+    assert world.vault.decrypt(kept.record.record_id)[1].output == kept.item.output
+
+    early = _cli(world, "retention", *vault, "--json", "expire", "--now",
+                 "2026-11-30T00:00:00Z")
+    assert early.returncode == 0 and json.loads(early.stdout)["erasures"] == []
+    late = _cli(world, "retention", *vault, "--json", "expire", "--now",
+                "2026-12-01T09:00:00Z")
+    assert late.returncode == 0, late.stderr
+    assert json.loads(late.stdout)["erasures"][0]["records"] == [kept.record.record_id]
+    gone = _cli(world, "content", kept.record.record_id, "--purpose", "again", *vault)
+    assert gone.returncode == 1 and "was erased" in gone.stderr
+    bad = _cli(world, "retention", *vault, "set", "--tenant", "bank-a", "--mode", "content",
+               "--days", "10")
+    assert bad.returncode == 2 and "days" in bad.stderr
+
+
 def test_subject_report_lists_records_reads_and_erasures(world: World) -> None:
-    import json
-    import subprocess
-    import sys
-
-    from tests.live_service import ROOT
-
     mine = [world.keep(80, subject="erin"), world.keep(81, subject="erin")]
     other = world.keep(82, subject="frank")
     world.vault.read_audited(world.ledger, mine[0].record.record_id, AUDITOR, "complaint", "http")
     world.vault.read_audited(world.ledger, other.record.record_id, AUDITOR, "other", "http")
     erasure = world.vault.erase(world.ledger, "bank-a", record_ids=[mine[1].record.record_id],
                                 requested_by="cli:dpo")
-    done = subprocess.run(
-        [sys.executable, "-m", "audit_cli.main", "retention", "--db", world.ledger.url,
-         "--keyring", str(world.keyring_path), "--json", "report", "--tenant", "bank-a",
-         "--subject", "erin"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = _cli(world, "retention", "--db", world.ledger.url, "--keyring",
+                str(world.keyring_path), "--json", "report", "--tenant", "bank-a",
+                "--subject", "erin")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert sorted(r["record_id"] for r in report["records"]) == sorted(

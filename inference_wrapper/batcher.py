@@ -33,6 +33,11 @@ class Journal(Protocol):
     async def append_async(self, record: Any) -> Any: ...
 
 
+# Called with each batch's durable (request, output, receipt) triples, on the audit thread,
+# before the answers are released: the content vault keeps what the tenant's policy says.
+RetainHook = Callable[[list[tuple[PreparedRequest, AuditedOutput, Any]]], None]
+
+
 class QueueFullError(LedgerError):
     """The batcher's queue is at its limit; the caller should retry later."""
 
@@ -66,8 +71,10 @@ class Batcher:
         max_wait_ms: float = 5.0,
         queue_limit: int = 256,
         observe: Callable[[str, float], None] | None = None,
+        retain: RetainHook | None = None,
     ) -> None:
         self.generator = generator
+        self.retain = retain
         self.journal = journal
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
@@ -166,6 +173,11 @@ class Batcher:
             )
             self._observe("append", time.perf_counter() - start)
             append_span = (start_ns, time.time_ns())
+            if self.retain is not None:
+                durable = [(j.request, o, r) for j, o, r in zip(batch, outputs, receipts,
+                                                                 strict=True)
+                           if not isinstance(r, BaseException)]
+                await loop.run_in_executor(self._audit_thread, self.retain, durable)
         except Exception as exc:
             self._finish(batch, exc)
             return

@@ -35,6 +35,7 @@ class PreparedRequest:
     parse_span_ns: tuple[int, int] = (0, 0)  # wall clock, for tracing
     input_salt: bytes = field(default_factory=new_salt, repr=False)
     output_salt: bytes = field(default_factory=new_salt, repr=False)
+    subject: str | None = field(default=None, repr=False)  # data-subject id, vault only
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ class AuditedGenerator:
 
     def prepare(
         self, prompt: Any, params: GenerationParams | None = None, tenant: str = "local",
-        started: float | None = None,
+        started: float | None = None, subject: str | None = None,
     ) -> PreparedRequest:
         """Validate everything before any model work; raises ``InvalidInputError``.
 
@@ -120,7 +121,8 @@ class AuditedGenerator:
         parse_ms = _now_ms() - start
         end_ns = time.time_ns()
         return PreparedRequest(text, checked, tenant, parse_ms=parse_ms,
-                               parse_span_ns=(end_ns - int(parse_ms * 1e6), end_ns))
+                               parse_span_ns=(end_ns - int(parse_ms * 1e6), end_ns),
+                               subject=subject)
 
     def run_batch(
         self, requests: Sequence[PreparedRequest], min_length: int = 0

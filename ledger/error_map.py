@@ -23,6 +23,7 @@ from ledger.errors import (
     LedgerError,
     VerificationError,
 )
+from ledger.vault_errors import ContentErasedError, ContentNotRetainedError, LegalHoldError
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -42,12 +43,21 @@ def exit_code_for(error: BaseException) -> int:
     if isinstance(error, BackendError):
         return EXIT_UNREACHABLE
     if isinstance(error, LedgerError):
+        # Includes a legal hold refusing an erasure and content that is erased or was
+        # never kept: the asked-for condition does not hold, the message names why.
         return EXIT_CHECK_FAILED
     return EXIT_INTERNAL
 
 
 def http_status_for(error: BaseException) -> int:
     """The HTTP status for an error that reached the top of a request handler."""
+    # Retained content: not kept -> 404, erased -> 410 Gone, erasure under a hold -> 409.
+    if isinstance(error, ContentNotRetainedError):
+        return 404
+    if isinstance(error, ContentErasedError):
+        return 410
+    if isinstance(error, LegalHoldError):
+        return 409
     if isinstance(error, InvalidInputError):
         return 422
     if isinstance(error, DuplicateRecordError):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ledger import merkle
+from ledger import content_records, merkle
 from ledger.canonical import Canonical, canonical_bytes, canonical_object, parse_canonical
 from ledger.errors import CanonicalFormError
 
@@ -130,6 +130,8 @@ def _validate_audit_record(body: Mapping[str, Any]) -> None:
 # pure modules of their own and listed here, so that a verifier knows all of them.
 LEAF_KINDS: dict[str, Callable[[Mapping[str, Any]], None]] = {
     RECORD_SCHEMA: _validate_audit_record,
+    content_records.ACCESS_SCHEMA: content_records.validate_access,
+    content_records.ERASURE_SCHEMA: content_records.validate_erasure,
 }
 
 

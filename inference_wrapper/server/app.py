@@ -31,6 +31,7 @@ from ledger.store.integrator import Integrator
 from ledger.store.keys import load_or_create_signer
 from ledger.store.migrate import upgrade
 from ledger.store.sql import SqlLedger
+from ledger.store.vault import ContentVault
 
 log = logging.getLogger("audit_ledger.http")
 
@@ -44,6 +45,7 @@ BATCHER = web.AppKey("batcher", Batcher)
 METRICS = web.AppKey("metrics", Metrics)
 TRACER = web.AppKey("tracer", PhaseTracer)
 ANCHOR_WORKER = web.AppKey("anchor_worker", AnchorWorker)
+VAULT = web.AppKey("vault", ContentVault)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -135,11 +137,13 @@ async def anchor_context(app: web.Application) -> AsyncIterator[None]:
 
 
 async def batcher_context(app: web.Application) -> AsyncIterator[None]:
+    from inference_wrapper.server.content import retain_hook
+
     settings = app[SETTINGS]
     metrics = app[METRICS]
     batcher = Batcher(app[GENERATOR], app[LEDGER], max_batch=settings.max_batch,
                       max_wait_ms=settings.max_wait_ms, queue_limit=settings.queue_limit,
-                      observe=metrics.observe)
+                      observe=metrics.observe, retain=retain_hook(app[VAULT]))
     batcher.start()
     app[BATCHER] = batcher
     ledger = app[LEDGER]
@@ -155,6 +159,7 @@ async def batcher_context(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(settings: Settings, generator: AuditedGenerator) -> web.Application:
+    from inference_wrapper.server.content import vault_context
     from inference_wrapper.server.routes import ROUTES
     from inference_wrapper.server.witnessing import witness_context
 
@@ -164,7 +169,7 @@ def create_app(settings: Settings, generator: AuditedGenerator) -> web.Applicati
     app[GENERATOR] = generator
     app[METRICS] = Metrics()
     app[TRACER] = PhaseTracer(settings.otel_exporter)
-    app.cleanup_ctx.extend([ledger_context, integrator_context, anchor_context,
+    app.cleanup_ctx.extend([ledger_context, vault_context, integrator_context, anchor_context,
                             witness_context, batcher_context])
     app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])
     return app

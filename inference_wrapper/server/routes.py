@@ -28,6 +28,15 @@ from inference_wrapper.server.app import (
     SIGNER,
     TRACER,
 )
+from inference_wrapper.server.content import (
+    ERASE_FIELDS,
+    POLICY_FIELDS,
+    erase,
+    get_policy,
+    put_policy,
+    record_content,
+    subject_from,
+)
 from inference_wrapper.server.problems import Problem, invalid
 from inference_wrapper.server.validation import (
     Field,
@@ -50,6 +59,8 @@ GENERATE_FIELDS = {
     "temperature": Field("number", description="0 for greedy decoding (default 0)"),
     "top_p": Field("number", description="nucleus sampling mass (default 1)"),
     "seed": Field("integer", nullable=True, description="sampling seed (recorded)"),
+    "subject": Field("string", nullable=True,
+                     description="data-subject id, kept only as a keyed hash in the vault"),
 }
 _OPENAI_COMMON = {
     "model": Field("string", required=True),
@@ -106,13 +117,15 @@ def receipt_headers(answer: Answer) -> dict[str, str]:
 
 
 async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
-                           params: GenerationParams, started: float) -> Answer:
+                           params: GenerationParams, started: float,
+                           subject: str | None = None) -> Answer:
     generator = request.app[GENERATOR]
     if not request.app[ANCHOR_WORKER].serving_allowed:
         raise Problem(503, "Service Unavailable", "anchoring lags beyond its SLO and the "
                       "policy is fail-closed", headers={"Retry-After": "5"})
     try:
-        prepared = generator.prepare(prompt, params, tenant=key.tenant, started=started)
+        prepared = generator.prepare(prompt, params, tenant=key.tenant, started=started,
+                                     subject=subject)
     except InvalidInputError as exc:
         raise invalid(exc.field, exc.reason) from exc
     try:
@@ -171,7 +184,8 @@ async def generate(request: web.Request) -> web.Response:
     key = authorize(request, CLIENT_ROLES)
     body = await read_body(request, GENERATE_FIELDS)
     params = _params(request, body, "max_new_tokens", GenerationParams())
-    answer = await generate_audited(request, key, body["prompt"], params, started)
+    answer = await generate_audited(request, key, body["prompt"], params, started,
+                                    subject_from(body, "subject"))
     return web.json_response(
         {"output": answer.output.text,
          "finish_reason": answer.output.record.body["data"]["finish_reason"],
@@ -186,7 +200,8 @@ async def completions(request: web.Request) -> web.Response:
     body = await read_body(request, COMPLETION_FIELDS)
     model = _check_model(request, body)
     params = _params(request, body, "max_tokens", GenerationParams(16, 1.0, 1.0))
-    answer = await generate_audited(request, key, body["prompt"], params, started)
+    answer = await generate_audited(request, key, body["prompt"], params, started,
+                                    subject_from(body, "user"))
     return web.json_response(_openai_response(answer, model, "text_completion", {
         "text": answer.output.text, "index": 0, "logprobs": None,
     }), headers=receipt_headers(answer))
@@ -202,7 +217,8 @@ async def chat_completions(request: web.Request) -> web.Response:
     params = _params(request, body, tokens_field, GenerationParams(64, 1.0, 1.0))
     tokenizer = request.app[GENERATOR].loaded.tokenizer
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    answer = await generate_audited(request, key, prompt, params, started)
+    answer = await generate_audited(request, key, prompt, params, started,
+                                    subject_from(body, "user"))
     return web.json_response(_openai_response(answer, model, "chat.completion", {
         "index": 0, "logprobs": None,
         "message": {"role": "assistant", "content": answer.output.text},
@@ -459,6 +475,13 @@ ROUTES = (
     Route("GET", "/v1/records/{record_id}", get_record, "one record with its bytes"),
     Route("GET", "/v1/records/{record_id}/proof", record_proof,
           "inclusion proof to the latest (or a given) checkpoint", query=("tree_size",)),
+    Route("GET", "/v1/records/{record_id}/content", record_content,
+          "an auditor reads retained content; the read is logged first", query=("purpose",)),
+    Route("POST", "/v1/admin/erasures", erase, "erase retained content (crypto-shredding)",
+          ERASE_FIELDS),
+    Route("GET", "/v1/admin/retention", get_policy, "the admin's tenant retention policy"),
+    Route("PUT", "/v1/admin/retention", put_policy, "set the tenant's retention policy",
+          POLICY_FIELDS),
     Route("GET", "/v1/checkpoints/latest", latest_checkpoint, "the latest signed checkpoint"),
     Route("GET", "/v1/checkpoints/anchored", anchored_checkpoint,
           "the newest anchored checkpoint and where it was anchored"),

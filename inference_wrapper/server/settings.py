@@ -35,6 +35,14 @@ class Settings:
     fabric_channel: str = "auditchannel"
     fabric_chaincode: str = "anchor"
     witnesses: str = ""  # comma-separated URL=VKEY, or a file of them (README "Witnesses")
+    # Retained content (issue 12): the policy of tenants without one, the shortest period
+    # a tenant may choose, how often expired content is erased, where the KEKs live.
+    retention_default_mode: str = "commitments"  # or "content"
+    retention_default_days: int = 183
+    retention_minimum_days: int = 183  # EU AI Act Art. 19: at least six months
+    retention_expiry_interval_s: float = 3600.0
+    keyring_path: Path = DATA_HOME / "vault.keyring"
+    kek_provider: str = ""  # "package.module:factory" of a KMS-backed KeyEncryptionKeys
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:

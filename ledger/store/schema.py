@@ -118,3 +118,48 @@ cosignatures = Table(
     Column("timestamp", BigInteger, nullable=False),  # the cosignature's own time (POSIX)
     PrimaryKeyConstraint("checkpoint_size", "witness", name="pk_cosignatures"),
 )
+
+# --- retained content (issue 12; ledger.store.vault) -----------------------------------
+# Ciphertexts only; each record's data key is stored wrapped by its tenant's KEK, which
+# lives outside the database. Never part of the log or the mirror.
+vault_content = Table(
+    "vault_content",
+    metadata,
+    Column("record_id", String(64), primary_key=True),
+    Column("tenant", String(128), nullable=False),
+    Column("leaf_hash", LargeBinary(32), nullable=False),
+    Column("created_at", DateTime, nullable=False),  # UTC, naive
+    Column("expires_at", DateTime, nullable=False),  # end of the retention period
+    Column("subject_hash", String(80)),  # HMAC of the data-subject id, or NULL
+    Column("kek_id", String(64)),
+    Column("wrapped_key", LargeBinary),  # NULL once erased
+    Column("prompt_ct", LargeBinary),
+    Column("output_ct", LargeBinary),
+    Column("input_salt_ct", LargeBinary),
+    Column("output_salt_ct", LargeBinary),
+    Column("erased_at", DateTime),
+    Column("erasure_record_id", String(64)),
+    Index("ix_vault_content_tenant_subject", "tenant", "subject_hash"),
+    Index("ix_vault_content_expires_at", "expires_at"),
+)
+
+retention_policies = Table(
+    "retention_policies",
+    metadata,
+    Column("tenant", String(128), primary_key=True),
+    Column("mode", String(16), nullable=False),  # commitments | content
+    Column("days", Integer),  # retention period for mode content
+    Column("updated_at", DateTime, nullable=False),
+)
+
+legal_holds = Table(
+    "legal_holds",
+    metadata,
+    Column("hold_id", String(32), primary_key=True),
+    Column("tenant", String(128), nullable=False),
+    Column("record_id", String(64)),  # NULL: the whole tenant
+    Column("reason", Text, nullable=False),
+    Column("created_at", DateTime, nullable=False),
+    Column("released_at", DateTime),
+    Index("ix_legal_holds_tenant", "tenant"),
+)

@@ -1,0 +1,243 @@
+"""Retained content on the endpoint: the vault's place in the app, the retain hook the
+batcher calls, the auditors' content route and the admins' erasure and policy routes.
+
+Who may do what (README "Retained content"):
+
+- ``client``: never reads content, not even its own tenant's (it got the answer and the
+  salts when it asked); it may tag a request with a data-subject id.
+- ``auditor``: reads any tenant's retained content, always with a purpose, and every read
+  first appends an ``access-record/v1`` leaf.
+- ``admin``: manages its own tenant's policy and erasures; reads no content (separation of
+  duties: whoever can erase cannot also read, and vice versa).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from aiohttp import web
+
+from inference_wrapper.generator import AuditedOutput, PreparedRequest
+from inference_wrapper.server.app import LEDGER, SETTINGS, VAULT
+from inference_wrapper.server.problems import Problem, invalid
+from inference_wrapper.server.validation import Field, check_fields, parse_json_body
+from ledger.content_records import check_purpose
+from ledger.error_map import http_status_for
+from ledger.errors import BackendError, InvalidInputError, LedgerError
+from ledger.store.keyring import load_keks
+from ledger.store.vault import Accessor, ContentVault, RetainItem, check_subject
+from ledger.vault_errors import ContentErasedError, LegalHoldError
+
+log = logging.getLogger("audit_ledger.vault")
+
+AUDITOR_ROLES = ("auditor",)
+ADMIN_ROLES = ("admin",)
+ERASE_FIELDS = {
+    "tenant": Field("string", description="the admin's own tenant (default)"),
+    "subject": Field("string", description="erase every record tagged with this subject"),
+    "record_ids": Field("array", description="or erase these records"),
+}
+POLICY_FIELDS = {
+    "mode": Field("string", required=True, only=("commitments", "content")),
+    "days": Field("integer", nullable=True, description="retention period for mode content"),
+}
+
+
+class ContentProblem(Problem):
+    """A problem with extension members (RFC 9457 section 3.2), e.g. when content was erased."""
+
+    def __init__(self, status: int, title: str, detail: str, members: dict[str, Any],
+                 field: str | None = None) -> None:
+        super().__init__(status, title, detail, field=field)
+        self.members = members
+
+    def response(self, instance: str | None = None) -> web.Response:
+        response = super().response(instance)
+        body = json.loads(response.text or "{}") | self.members
+        response.text = json.dumps(body)
+        return response
+
+
+def problem_for(error: LedgerError) -> Problem:
+    """The one mapping (``ledger.error_map``) applied to the vault's errors."""
+    status = http_status_for(error)
+    if isinstance(error, ContentErasedError):
+        return ContentProblem(status, "Gone", str(error), {
+            "erased_at": error.erased_at, "erasure_record_id": error.erasure_record_id})
+    if isinstance(error, LegalHoldError):
+        return ContentProblem(status, "Conflict", str(error), {
+            "hold_id": error.hold_id, "scope": error.scope})
+    if isinstance(error, InvalidInputError):
+        return invalid(error.field, error.reason)
+    if status == 404:
+        return Problem(404, "Not Found", str(error))
+    if status == 503:
+        return Problem(503, "Service Unavailable", "the content vault's keys are unavailable",
+                       headers={"Retry-After": "5"})
+    # A named verification failure (e.g. ContentIntegrityError): facts, no internals.
+    return Problem(status, "Internal Server Error", str(error))
+
+
+# --- the app's resource ----------------------------------------------------------------
+
+
+def open_vault(settings: Any) -> ContentVault:
+    return ContentVault(settings.database_url,
+                        load_keks(settings.keyring_path, settings.kek_provider),
+                        default_mode=settings.retention_default_mode,
+                        default_days=settings.retention_default_days,
+                        minimum_days=settings.retention_minimum_days)
+
+
+async def vault_context(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    vault = await asyncio.to_thread(open_vault, settings)
+    app[VAULT] = vault
+    expiry = asyncio.get_running_loop().create_task(
+        _expire_periodically(vault, app, settings.retention_expiry_interval_s),
+        name="retention-expiry")
+    yield
+    expiry.cancel()
+    try:
+        await expiry
+    except asyncio.CancelledError:
+        pass
+    await asyncio.to_thread(vault.close)
+
+
+async def _expire_periodically(vault: ContentVault, app: web.Application,
+                               interval_s: float) -> None:
+    """Erase expired content now and then every ``interval_s`` (same as the CLI's
+    ``audit-ledger retention expire``)."""
+    while True:
+        try:
+            erasures, held = await asyncio.to_thread(vault.expire, app[LEDGER])
+            for erasure in erasures:
+                log.info("retention expiry erased %d records of tenant %s (erasure record %s)",
+                         len(erasure.records), erasure.tenant, erasure.erasure_record_id)
+            for hold in held:
+                log.info("retention expiry kept records under legal hold %s", hold.hold_id)
+        except Exception:  # a failed run is retried at the next interval
+            log.exception("retention expiry failed")
+        await asyncio.sleep(interval_s)
+
+
+def retain_hook(vault: ContentVault) -> Callable[[list[tuple[PreparedRequest, AuditedOutput,
+                                                            Any]]], None]:
+    """What the batcher calls with a batch's durable records (one transaction)."""
+
+    def retain(durable: list[tuple[PreparedRequest, AuditedOutput, Any]]) -> None:
+        items = [RetainItem(receipt.record_id, receipt.leaf_hash, request.tenant,
+                            output.record.created_at, request.prompt, output.text,
+                            output.input_salt, output.output_salt, request.subject)
+                 for request, output, receipt in durable]
+        try:
+            vault.retain(items)
+        except Exception as exc:
+            log.exception("content vault failed to retain %d records", len(items))
+            raise BackendError("the tenant's policy keeps content and the content vault "
+                               "could not store it") from exc
+
+    return retain
+
+
+def subject_from(body: dict[str, Any], name: str) -> str | None:
+    """The optional data-subject id (``subject`` natively, ``user`` for OpenAI shapes)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    try:
+        return check_subject(value)
+    except InvalidInputError as exc:
+        raise invalid(name, exc.reason) from exc
+
+
+# --- routes ----------------------------------------------------------------------------
+
+
+def _authorize(request: web.Request, roles: tuple[str, ...]) -> Any:
+    from inference_wrapper.server.routes import authorize
+
+    return authorize(request, roles)
+
+
+async def record_content(request: web.Request) -> web.Response:
+    """An auditor reads a record's retained content; the read is logged first."""
+    key = _authorize(request, AUDITOR_ROLES)
+    for name in request.query:
+        if name != "purpose":
+            raise invalid(name, f"unknown query parameter {name!r}", status=400)
+    try:
+        purpose = check_purpose(request.query.get("purpose"))
+    except InvalidInputError as exc:
+        raise invalid(exc.field, exc.reason, status=400) from exc
+    record_id = request.match_info["record_id"]
+    accessor = Accessor(key.key_id, key.role, key.tenant)
+    try:
+        result = await asyncio.to_thread(request.app[VAULT].read_audited, request.app[LEDGER],
+                                         record_id, accessor, purpose, "http")
+    except LedgerError as exc:
+        raise problem_for(exc) from exc
+    row, content = result.row, result.content
+    return web.json_response({
+        "record_id": row.record_id, "tenant": row.tenant, "leaf_hash": row.leaf_hash.hex(),
+        "prompt": content.prompt, "output": content.output,
+        "input_salt": content.input_salt.hex(), "output_salt": content.output_salt.hex(),
+        "retained_until": row.expires_at.isoformat(timespec="milliseconds") + "Z",
+        "access_record_id": result.access_record_id,
+        "access_leaf_index": result.access_leaf_index,
+    }, headers={"Cache-Control": "no-store"})
+
+
+def _own_tenant(key: Any, tenant: Any) -> str:
+    if tenant is not None and tenant != key.tenant:
+        raise Problem(403, "Forbidden", "an admin acts on its own tenant only", field="tenant")
+    return str(key.tenant)
+
+
+async def erase(request: web.Request) -> web.Response:
+    """An admin erases its tenant's content by subject or by records (crypto-shredding)."""
+    key = _authorize(request, ADMIN_ROLES)
+    if request.content_type != "application/json":
+        raise invalid("Content-Type", "must be application/json", status=415)
+    body = check_fields(parse_json_body(await request.read()), ERASE_FIELDS)
+    tenant = _own_tenant(key, body.get("tenant"))
+    subject, record_ids = body.get("subject"), body.get("record_ids")
+    if (subject is None) == (record_ids is None):
+        raise invalid("subject", "give either subject or record_ids")
+    if record_ids is not None and (not record_ids or not all(
+            isinstance(r, str) and 0 < len(r) <= 64 for r in record_ids)):
+        raise invalid("record_ids", "must be a non-empty list of record ids")
+    if subject is not None:
+        subject = subject_from(body, "subject")
+    try:
+        erasure = await asyncio.to_thread(
+            lambda: request.app[VAULT].erase(request.app[LEDGER], tenant,
+                                             record_ids=record_ids or (), subject=subject,
+                                             requested_by=f"key:{key.key_id}"))
+    except LedgerError as exc:
+        raise problem_for(exc) from exc
+    return web.json_response(erasure.to_dict())
+
+
+async def get_policy(request: web.Request) -> web.Response:
+    key = _authorize(request, ADMIN_ROLES)
+    policy = await asyncio.to_thread(request.app[VAULT].policy, key.tenant)
+    return web.json_response(policy.to_dict())
+
+
+async def put_policy(request: web.Request) -> web.Response:
+    key = _authorize(request, ADMIN_ROLES)
+    if request.content_type != "application/json":
+        raise invalid("Content-Type", "must be application/json", status=415)
+    body = check_fields(parse_json_body(await request.read()), POLICY_FIELDS)
+    try:
+        policy = await asyncio.to_thread(request.app[VAULT].set_policy, key.tenant,
+                                         body["mode"], body.get("days"))
+    except LedgerError as exc:
+        raise problem_for(exc) from exc
+    return web.json_response(policy.to_dict())

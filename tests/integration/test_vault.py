@@ -37,7 +37,7 @@ from ledger.vault_errors import (
     KeyUnavailableError,
     LegalHoldError,
 )
-from ledger.verify import Disclosure, Verdict, verify_record
+from ledger.verify import Disclosure, TrustPolicy, Verdict, verify_record
 from tests.integration.conftest import ORIGIN
 from tests.live_service import ROOT
 
@@ -78,7 +78,9 @@ class World:
         if sealed is not None:
             LocalAnchor(self.ledger, self.signer.verifier(), ORIGIN).anchor(sealed.note)
         evidence = gather(DatabaseSource(self.ledger), record_id, None)
-        return verify_record(evidence, self.signer.verifier(), ORIGIN, disclosure=disclosure)
+        # The local anchor is all there is here: accept it explicitly (self-anchored).
+        return verify_record(evidence, self.signer.verifier(), ORIGIN, disclosure=disclosure,
+                             policy=TrustPolicy(accept_self_anchored=True))
 
 
 @pytest.fixture()

@@ -17,8 +17,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine, insert, select, update
+from sqlalchemy.exc import SQLAlchemyError
 
-from ledger.errors import InvalidInputError
+from ledger.errors import BackendUnavailableError, InvalidInputError
 from ledger.store.schema import api_keys
 
 ROLES = ("client", "auditor", "admin")
@@ -76,8 +77,11 @@ class ApiKeyStore:
         if not token.startswith(PREFIX) or token.count("_") < 2:
             return None
         key_id, _, secret = token[len(PREFIX):].partition("_")
-        with self.engine.connect() as conn:
-            row = conn.execute(select(api_keys).where(api_keys.c.key_id == key_id)).first()
+        try:
+            with self.engine.connect() as conn:
+                row = conn.execute(select(api_keys).where(api_keys.c.key_id == key_id)).first()
+        except SQLAlchemyError as exc:  # its text may name hosts and databases: not shown
+            raise BackendUnavailableError("the API key store is unreachable") from exc
         # Compare even when the id is unknown, so timing does not reveal which ids exist.
         expected = bytes(row.secret_hash) if row else bytes(32)
         if not hmac.compare_digest(_hash(secret), expected) or row is None:

@@ -607,8 +607,8 @@ _ROW = _obj({"record_id": _STR, "leaf_index": _INT, "created_at": _STR, "tenant"
 _NOTE = {"tree_size": _INT, "checkpoint": _STR}
 RESPONSES: dict[str, dict[str, Any]] = {
     "generate": _obj({"output": _STR, "finish_reason": _FINISH, "usage": _USAGE,
-                      "seed": _SEED_OUT, **_RECEIPT["properties"]},
-                     {"user_salt": _HEX}),
+                      "seed": _SEED_OUT, "record_id": _STR, "leaf_index": _INT,
+                      "leaf_hash": _HEX, "input_salt": _HEX, "output_salt": _HEX}),
     "completions": _obj({
         "id": _STR, "object": {"const": "text_completion"}, "created": _INT, "model": _STR,
         "system_fingerprint": _STR, "usage": _USAGE, "seed": _SEED_OUT, "audit": _RECEIPT,

@@ -43,7 +43,7 @@ from ledger.anchor.local import LocalAnchor
 from ledger.error_map import http_status_for
 from ledger.errors import BackendError, InvalidInputError
 from ledger.store.apikeys import ApiKey
-from ledger.store.sql import QUERY_FILTERS, RecordRow
+from ledger.store.sql import QUERY_FILTERS, RecordRow, decode_cursor
 
 CLIENT_ROLES = ("client", "admin")
 READER_ROLES = ("client", "auditor", "admin")
@@ -446,12 +446,20 @@ async def list_records(request: web.Request) -> web.Response:
         filters["tenant"] = scope
     limit = query_int(request.query.get("limit"), "limit", default=100, low=1,
                       high=MAX_RECORDS_LIMIT)
+    cursor = request.query.get("cursor")
+    if cursor is not None:
+        try:
+            position = decode_cursor(cursor)
+        except InvalidInputError as exc:
+            raise invalid("cursor", exc.reason, status=400) from exc
+        if position > MAX_QUERY_INT:  # a forged cursor must not overflow the SQL integer
+            raise invalid("cursor", "is not a cursor this service issued", status=400)
     ledger = request.app[LEDGER]
     try:
         rows, cursor = await asyncio.to_thread(
             lambda: ledger.query(since=_parse_time(request, "since"),
                                  until=_parse_time(request, "until"), limit=limit,
-                                 cursor=request.query.get("cursor"), **filters))
+                                 cursor=cursor, **filters))
     except InvalidInputError as exc:
         raise invalid(exc.field, exc.reason, status=400) from exc
     return web.json_response({"records": [_row_json(r) for r in rows], "next_cursor": cursor})

@@ -4,6 +4,7 @@ OpenAI's shape; the tokenization contract is never bent silently; admin keys are
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -96,6 +97,10 @@ BAD_QUERIES = [
     ("consistency to beyond 2**53", "/v1/checkpoints/consistency?from=1&to=9007199254740992",
      "to"),
     ("consistency without to", "/v1/checkpoints/consistency?from=1", "to"),
+    ("forged cursor beyond 64 bits", "/v1/records?cursor="
+     + base64.urlsafe_b64encode(b"after:" + b"9" * 30).decode().rstrip("="), "cursor"),
+    ("cursor with a superscript", "/v1/records?cursor="
+     + base64.urlsafe_b64encode("after:²".encode()).decode().rstrip("="), "cursor"),
 ]
 
 

@@ -377,3 +377,26 @@ def test_cli_creates_all_tenant_admins_only(tmp_path: Path,
     listed = json.loads(capsys.readouterr().out)
     assert [(k["role"], k["all_tenants"]) for k in listed] == [("admin", True)]
 
+
+
+async def test_replay_reproduces_stop_cut_and_truncated_records(
+    service: Any, tiny_model_dir: Path
+) -> None:
+    from inference_wrapper.replay import replay
+
+    client, tokens = service
+    model = client.server.app[GENERATOR].loaded.name
+    base = {"model": model, "prompt": "Replay me", "max_tokens": 16, "temperature": 0}
+    text = (await (await client.post("/v1/completions", json=base,
+                                     headers=bearer(tokens["a"]))).json())["choices"][0]["text"]
+    stopped = await (await client.post("/v1/completions", json={**base, "stop": text[3]},
+                                       headers=bearer(tokens["a"]))).json()
+    truncated = await (await client.post("/v1/completions", json={
+        **base, "prompt": LONG_PROMPT, "truncate": "left"}, headers=bearer(tokens["a"]))).json()
+    manifest = tiny_model_dir.parent / f"{tiny_model_dir.name}.manifest.json"
+    for answer, prompt in ((stopped, "Replay me"), (truncated, LONG_PROMPT)):
+        record = record_of(client, answer["audit"]["record_id"])
+        result = replay(record, prompt, model_dir=tiny_model_dir, manifest_path=manifest)
+        assert result.reproduced and result.input_ids_match
+        assert result.replayed_text == answer["choices"][0]["text"]
+    assert stopped["choices"][0]["finish_reason"] == "stop"

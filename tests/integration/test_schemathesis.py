@@ -2,8 +2,9 @@
 answer conforms to the document (status, content type and body schema, 2xx included).
 
 The service runs in its own process (the tiny model, a SQLite ledger) and schemathesis
-generates requests, valid and invalid, from the /openapi.json it serves (which names the
-served model, so valid generate requests are among them) with a client key.
+generates requests, valid (positive) and invalid (negative), from the /openapi.json it
+serves (which names the served model, so valid generate requests are among them) with a
+client key.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import (
@@ -53,21 +55,27 @@ def test_every_answer_conforms_and_none_is_a_server_error(live_service: LiveServ
     for result in schema.get_all_operations():
         operation = result.ok()
         operations += 1
+        definition = operation.definition.raw
+        modes = [GenerationMode.POSITIVE]
+        if "parameters" in definition or "requestBody" in definition:
+            modes.append(GenerationMode.NEGATIVE)  # invalid input, by the document's rules
+        for mode in modes:
 
-        @given(case=operation.as_strategy())
-        @settings(max_examples=40, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=list(HealthCheck))
-        def exercise(case: Any) -> None:
-            response = case.call(base_url=base, headers={"Authorization": f"Bearer {token}"},
-                                 timeout=120)
-            statuses[(case.path, response.status_code)] += 1
-            try:
-                case.validate_response(response, checks=CHECKS)
-            except FailureGroup as exc:  # one group of failures per case
-                failures.append(f"{case.method} {case.formatted_path} -> "
-                                f"{response.status_code}: {exc!s:.600} body={case.body!r:.200}")
+            @given(case=operation.as_strategy(generation_mode=mode))
+            @settings(max_examples=40, deadline=None, derandomize=True, database=None,
+                      suppress_health_check=list(HealthCheck))
+            def exercise(case: Any) -> None:
+                response = case.call(base_url=base,
+                                     headers={"Authorization": f"Bearer {token}"}, timeout=120)
+                statuses[(case.path, response.status_code)] += 1
+                try:
+                    case.validate_response(response, checks=CHECKS)
+                except FailureGroup as exc:  # one group of failures per case
+                    failures.append(f"{case.method} {case.formatted_path} -> "
+                                    f"{response.status_code}: {exc!s:.600} "
+                                    f"body={case.body!r:.200}")
 
-        exercise()
+            exercise()
     documented = sum(len(methods) for methods in document["paths"].values())
     assert operations == documented == 15
     print("statuses per route:", sorted(statuses.items()))

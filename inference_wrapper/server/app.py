@@ -58,6 +58,7 @@ __all__ = ["ANCHOR_WORKER", "BATCHER", "GENERATOR", "INTEGRATOR", "KEYS", "LEDGE
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # A caller's request id is echoed in headers, bodies and logs: only a short, plain token.
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 def _request_id(request: web.Request) -> str:
@@ -70,9 +71,10 @@ def _from_http_exception(exc: web.HTTPException) -> Problem:
     field = "body" if exc.status == 413 else None
     headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else {}
     if exc.status == 405:
-        detail = f"method {exc.method} is not allowed here; allowed: {headers.get('Allow', '')}" \
-            if isinstance(exc, web.HTTPMethodNotAllowed) else "method not allowed"
-        return Problem(405, "Method Not Allowed", detail, headers=headers)
+        allowed = headers.get("Allow", "")
+        return Problem(405, "Method Not Allowed",
+                       f"this route does not answer this method; allowed: {allowed}",
+                       headers=headers)
     if exc.status == 413:
         return Problem(413, "Payload Too Large", "the request body is larger than this "
                        "server accepts", field=field)
@@ -110,7 +112,9 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     name = route.canonical if route is not None else "unmatched"
     metrics = request.app[METRICS]
     metrics.requests.labels(name, str(response.status)).inc()
-    metrics.request_latency.labels(name, request.method).observe(elapsed)
+    # Methods are the caller's to choose: bound the label set, or memory grows with them.
+    method = request.method if request.method in _METHODS else "other"
+    metrics.request_latency.labels(name, method).observe(elapsed)
     log.info(json.dumps({"request_id": request_id, "method": request.method,
                          "path": request.path, "status": response.status,
                          "ms": round(elapsed * 1000, 2)}))

@@ -67,6 +67,11 @@ class TokenizationContract:
 
     def count(self, tokenizer: Any, text: str) -> int:
         """Tokens ``text`` becomes under this contract, before any truncation."""
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None and backend.truncation is None:
+            # The fast tokenizer's own encoder: the same ids as calling the tokenizer,
+            # without the Python wrapper's per-call cost (about 5x on short prompts).
+            return len(backend.encode(text, add_special_tokens=self.add_special_tokens))
         return len(tokenizer(text, add_special_tokens=self.add_special_tokens)["input_ids"])
 
     def check_length(self, tokenizer: Any, text: str, *, truncate: bool,

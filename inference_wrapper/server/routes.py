@@ -50,6 +50,7 @@ READER_ROLES = ("client", "auditor", "admin")
 MAX_STOP_SEQUENCES = 4  # as OpenAI allows
 MAX_USER_CHARS = 256
 MAX_RECORDS_LIMIT = 10_000
+INLINE_PREPARE_CHARS = 512  # longer prompts are validated and counted in a worker thread
 
 _TRUNCATE = Field("string", nullable=True, only=("left",),
                   description="absent or null: a prompt longer than the tokenization "
@@ -211,9 +212,13 @@ async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
     if not request.app[ANCHOR_WORKER].serving_allowed:
         raise Problem(503, "Service Unavailable", "anchoring lags beyond its SLO and the "
                       "policy is fail-closed", headers={"Retry-After": "5"})
+    prepare = functools.partial(generator.prepare, prompt, params, tenant=key.tenant,
+                                started=started, truncate=ask.truncate, stop=ask.stop,
+                                user=ask.user)
     try:
-        prepared = generator.prepare(prompt, params, tenant=key.tenant, started=started,
-                                     truncate=ask.truncate, stop=ask.stop, user=ask.user)
+        # Counting a long prompt's tokens takes milliseconds: not on the event loop.
+        prepared = (prepare() if len(prompt) <= INLINE_PREPARE_CHARS
+                    else await asyncio.to_thread(prepare))
     except ContextLengthError as exc:
         raise invalid(ask.field, exc.reason, code="context_length_exceeded") from exc
     except InvalidInputError as exc:

@@ -87,3 +87,23 @@ def test_stop_cut_keeps_tokens_up_to_the_completing_one(tiny_model_dir: Path) ->
     kept, visible = cut
     assert visible == "abc"  # before the first stop sequence, which spans two tokens
     assert tokenizer.decode(kept) == "abcXY"
+
+
+def test_contract_count_matches_the_tokenizer_even_with_backend_truncation(
+    tiny_model_dir: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    from inference_wrapper.contract import ContextLengthError, TokenizationContract
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
+    contract = TokenizationContract(tokenizer_digest="sha256:unused", max_length=16)
+    for text in ("Hello ledger", "<s>user\nhi</s>\n<s>assistant\n", "é" * 40):
+        expected = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        assert contract.count(tokenizer, text) == expected
+    tokenizer.backend_tokenizer.enable_truncation(8)  # must not make a prompt look short
+    assert contract.count(tokenizer, "y" * 40) == 40
+    with pytest.raises(ContextLengthError) as info:
+        contract.check_length(tokenizer, "y" * 40, truncate=False)
+    assert (info.value.field, info.value.tokens, info.value.max_length) == ("prompt", 40, 16)
+    assert contract.check_length(tokenizer, "y" * 40, truncate=True) == 40

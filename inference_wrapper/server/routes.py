@@ -93,9 +93,11 @@ def _openai_common(limits: Limits) -> dict[str, Field]:
         "top_p": Field("number", nullable=True, exclusive_minimum=0, maximum=1),
         "seed": _SEED,
         "n": Field("integer", nullable=True, only=(1,),
-                   description="choices per request: this server returns exactly one"),
+                   description="choices per request: this server returns exactly one",
+                   only_reason="one choice per request (send several requests for more)"),
         "stream": Field("boolean", nullable=True, only=(False,),
-                        description="streaming is not offered by this server"),
+                        description="streaming is not offered by this server",
+                        only_reason="streaming is not offered; omit stream or send false"),
         "stop": Field("string-or-array", nullable=True, max_length=MAX_STOP_SEQUENCES,
                       items={"type": "string", "minLength": 1},
                       description="the output ends before the first of these sequences "

@@ -40,6 +40,7 @@ class Field:
     min_length: int | None = None
     max_length: int | None = None
     items: dict[str, Any] | None = None  # JSON Schema of an array's items (documented)
+    only_reason: str = ""  # why other values are refused, for the error message
 
 
 JSON_TYPES: dict[str, type | tuple[type, ...]] = {
@@ -179,7 +180,9 @@ def check_fields(body: dict[str, Any], spec: dict[str, Field]) -> dict[str, Any]
             raise invalid(name, "must be finite")
         _check_bounds(name, field, value)
         if field.only is not None and value not in field.only:
-            raise invalid(name, f"this server supports only {list(field.only)}")
+            supported = ", ".join(json.dumps(v) for v in field.only)
+            raise invalid(name, f"this server supports only {supported}"
+                          + (f": {field.only_reason}" if field.only_reason else ""))
         checked[name] = value
     return checked
 

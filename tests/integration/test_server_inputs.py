@@ -320,7 +320,7 @@ async def test_official_openai_client_reads_message_param_and_code(service: Any)
     assert (missing.value.code, missing.value.param) == ("model_not_found", "model")
     with pytest.raises(openai.BadRequestError) as two:
         await sdk.completions.create(model=model, prompt="x", n=2)
-    assert two.value.param == "n" and "only [1]" in two.value.message
+    assert two.value.param == "n" and "supports only 1: one choice" in two.value.message
     chat = await sdk.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "hi"}], max_completion_tokens=3,
         temperature=0, stop="\x00", user="u-1", seed=5)

@@ -13,6 +13,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     create = actions.add_parser("create", help="create a key (printed once)")
     create.add_argument("--tenant", required=True)
     create.add_argument("--role", required=True, choices=("client", "auditor", "admin"))
+    create.add_argument("--all-tenants", action="store_true",
+                        help="admin only: read every tenant's records (without it an admin "
+                        "key reads only its own tenant)")
     actions.add_parser("list", help="list keys (never their secrets)")
     revoke = actions.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id")
@@ -30,15 +33,17 @@ def run(args: argparse.Namespace) -> int:
     keys = ApiKeyStore(engine)
     try:
         if args.action == "create":
-            token, key = keys.create(args.tenant, args.role)
+            token, key = keys.create(args.tenant, args.role, all_tenants=args.all_tenants)
             if args.json:
                 print_json({"key_id": key.key_id, "tenant": key.tenant, "role": key.role,
-                            "token": token})
+                            "all_tenants": key.all_tenants, "token": token})
             else:
-                print(f"{token}\n(key id {key.key_id}, tenant {key.tenant}, role {key.role}; "
-                      "the token is shown only now)")
+                scope = "; reads all tenants" if key.all_tenants else ""
+                print(f"{token}\n(key id {key.key_id}, tenant {key.tenant}, role {key.role}"
+                      f"{scope}; the token is shown only now)")
         elif args.action == "list":
             rows = [{"key_id": k.key_id, "tenant": k.tenant, "role": k.role,
+                     "all_tenants": k.all_tenants,
                      "created_at": k.created_at.isoformat() + "Z",
                      "revoked_at": k.revoked_at.isoformat() + "Z" if k.revoked_at else None}
                     for k in keys.list()]
@@ -47,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
             else:
                 for row in rows:
                     status = "revoked" if row["revoked_at"] else "active"
-                    print(f"{row['key_id']}  {row['role']:8} {row['tenant']:20} {status}")
+                    scope = "all tenants" if row["all_tenants"] else ""
+                    print(f"{row['key_id']}  {row['role']:8} {row['tenant']:20} {status}"
+                          f"  {scope}".rstrip())
         else:
             if not keys.revoke(args.key_id):
                 print(f"no active key {args.key_id}")

@@ -13,7 +13,7 @@ from typing import Any
 from inference_wrapper.modelfiles import file_sha256
 from ledger.canonical import canonical_bytes
 from ledger.digest import sha256_digest
-from ledger.errors import ModelIntegrityError
+from ledger.errors import InvalidInputError, ModelIntegrityError
 
 SCHEMA = "tokenization-contract/v1"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -26,6 +26,16 @@ def tokenizer_digest(model_dir: Path) -> str:
     if "tokenizer.json" not in files:
         raise ModelIntegrityError("tokenizer.json", "a fast tokenizer file is required")
     return sha256_digest(canonical_bytes({"schema": "tokenizer-files/v1", "files": files}))
+
+
+class ContextLengthError(InvalidInputError):
+    """A prompt longer than the contract's ``max_length``, and no truncation asked for."""
+
+    def __init__(self, field: str, tokens: int, max_length: int) -> None:
+        super().__init__(field, f"is {tokens} tokens, the tokenization contract allows "
+                                f"{max_length}; shorten it, or ask for truncation explicitly "
+                                '("truncate": "left")')
+        self.tokens, self.max_length = tokens, max_length
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,24 @@ class TokenizationContract:
         tokenizer.truncation_side = self.truncation_side
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
+
+    def count(self, tokenizer: Any, text: str) -> int:
+        """Tokens ``text`` becomes under this contract, before any truncation."""
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None and backend.truncation is None:
+            # The fast tokenizer's own encoder: the same ids as calling the tokenizer,
+            # without the Python wrapper's per-call cost (about 5x on short prompts).
+            return len(backend.encode(text, add_special_tokens=self.add_special_tokens))
+        return len(tokenizer(text, add_special_tokens=self.add_special_tokens)["input_ids"])
+
+    def check_length(self, tokenizer: Any, text: str, *, truncate: bool,
+                     field: str = "prompt") -> int:
+        """Refuse a prompt over ``max_length`` unless the caller asked for truncation, so no
+        prompt is ever cut silently. Returns its token count."""
+        tokens = self.count(tokenizer, text)
+        if tokens > self.max_length and not truncate:
+            raise ContextLengthError(field, tokens, self.max_length)
+        return tokens
 
     def encode(
         self, tokenizer: Any, texts: list[str], min_length: int = 0

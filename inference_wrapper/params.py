@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ledger.errors import InvalidInputError
@@ -47,6 +47,9 @@ class GenerationParams:
             raise InvalidInputError("top_p", "must be greater than 0")
         if self.seed is not None:
             _check_int("seed", self.seed, 0, MAX_SEED)
+        if isinstance(self.temperature, int) or isinstance(self.top_p, int):
+            # JSON's 2 is a number like 2.0; transformers refuses an int temperature.
+            return replace(self, temperature=float(self.temperature), top_p=float(self.top_p))
         return self
 
 

@@ -79,7 +79,9 @@ def replay(record: dict[str, Any], prompt: str, *, model_dir: Path | None = None
     data = record["data"]
     generation = {k: v for k, v in data["generation"].items() if k != "do_sample"}
     try:
-        request = generator.prepare(prompt, GenerationParams(**generation))
+        request = generator.prepare(prompt, GenerationParams(**generation),
+                                    truncate=bool(data.get("truncated")),
+                                    stop=tuple(data.get("stop", ())))
     except LedgerError:
         raise
     result = generator.run_batch([request], min_length=data["batch"]["padded_length"])

@@ -1,4 +1,4 @@
-"""Shared fixtures: one thread for torch, a tiny seeded model built once per session."""
+"""Shared fixtures: a tiny seeded model built once per session, torch on one thread."""
 
 from __future__ import annotations
 
@@ -9,15 +9,17 @@ from typing import Any
 import pytest
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _one_torch_thread() -> None:
+@pytest.fixture(scope="session")
+def one_torch_thread() -> None:
+    """torch on one thread (8 engineers share 2 cores); imported only by tests that use
+    the model, so the pure-core tests never load torch."""
     import torch
 
     torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, one_torch_thread: None) -> Path:
     from inference_wrapper.tiny import build_tiny_model
 
     directory = tmp_path_factory.mktemp("tiny") / "tiny-llama"

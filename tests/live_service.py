@@ -3,17 +3,20 @@ a real service process (fuzzing, signals)."""
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+READY_TIMEOUT_S = 300.0  # generous: a loaded machine loads torch slowly
 
 
 @dataclass
@@ -22,6 +25,10 @@ class LiveService:
     base_url: str
     client_token: str
     database_url: str
+    # The last lines the service printed (its output is always drained, so a full pipe
+    # never stalls it).
+    output: collections.deque[str] = field(default_factory=lambda: collections.deque(
+        maxlen=2000))
 
     def stop(self) -> None:
         self.process.terminate()
@@ -42,16 +49,24 @@ def start_service(home: Path, model_dir: Path, *extra: str) -> LiveService:
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert process.stdout is not None
     token = ""
+    service = LiveService(process, f"http://127.0.0.1:{port}", "", database_url)
     for line in process.stdout:  # the first start prints the keys, then "serving ..."
+        service.output.append(line)
         match = re.search(r"client\s+\(tenant default\): (\S+)", line)
         token = match.group(1) if match else token
         if line.startswith("serving"):
             break
-    base_url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
+    service.client_token = token
+    threading.Thread(target=service.output.extend, args=(process.stdout,), daemon=True,
+                     name="drain-service-output").start()
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
         try:
-            urllib.request.urlopen(f"{base_url}/readyz", timeout=1)
-            break
-        except OSError:
+            urllib.request.urlopen(f"{service.base_url}/readyz", timeout=5)
+            return service
+        except OSError as exc:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError("the service did not become ready:\n"
+                                   + "".join(service.output)[-3000:]) from exc
             time.sleep(0.1)
-    return LiveService(process, base_url, token, database_url)

@@ -10,71 +10,123 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
 
 from inference_wrapper.batcher import Batcher
 from inference_wrapper.generator import AuditedGenerator
+from inference_wrapper.server.appkeys import (
+    ANCHOR_WORKER,
+    BATCHER,
+    GENERATOR,
+    INTEGRATOR,
+    KEYS,
+    LEDGER,
+    METRICS,
+    SETTINGS,
+    SHUTTING_DOWN,
+    SIGNER,
+    TRACER,
+    VAULT,
+)
+from inference_wrapper.server.content import vault_context
 from inference_wrapper.server.metrics import Metrics
-from inference_wrapper.server.problems import Problem
+from inference_wrapper.server.problems import Problem, internal_error, problem_for
+from inference_wrapper.server.routes import OPENAI_PATHS, ROUTES, UNGATED_PATHS
 from inference_wrapper.server.settings import Settings
 from inference_wrapper.server.tracing import PhaseTracer
+from inference_wrapper.server.witnessing import witness_context
 from ledger.anchor.local import LocalAnchor
 from ledger.anchor.worker import AnchorWorker
 from ledger.checkpoint import NoteSigner
+from ledger.errors import LedgerError
 from ledger.store.apikeys import ApiKeyStore
 from ledger.store.integrator import Integrator
 from ledger.store.keys import load_or_create_signer
 from ledger.store.migrate import upgrade
 from ledger.store.sql import SqlLedger
-from ledger.store.vault import ContentVault
 
 log = logging.getLogger("audit_ledger.http")
 
-SETTINGS = web.AppKey("settings", Settings)
-GENERATOR = web.AppKey("generator", AuditedGenerator)
-LEDGER = web.AppKey("ledger", SqlLedger)
-SIGNER = web.AppKey("signer", NoteSigner)
-KEYS = web.AppKey("api_keys", ApiKeyStore)
-INTEGRATOR = web.AppKey("integrator", Integrator)
-BATCHER = web.AppKey("batcher", Batcher)
-METRICS = web.AppKey("metrics", Metrics)
-TRACER = web.AppKey("tracer", PhaseTracer)
-ANCHOR_WORKER = web.AppKey("anchor_worker", AnchorWorker)
-VAULT = web.AppKey("vault", ContentVault)
+# Re-exported: callers that imported the keys from here keep working.
+__all__ = ["ANCHOR_WORKER", "BATCHER", "GENERATOR", "INTEGRATOR", "KEYS", "LEDGER",
+           "METRICS", "SETTINGS", "SHUTTING_DOWN", "SIGNER", "TRACER", "VAULT", "create_app"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# A caller's request id is echoed in headers, bodies and logs: only a short, plain token.
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def _request_id(request: web.Request) -> str:
+    given = request.headers.get("X-Request-Id", "")
+    return given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+
+
+def _from_http_exception(exc: web.HTTPException) -> Problem:
+    """aiohttp's own errors (404 route, 405, 413 body too large) as problems."""
+    field = "body" if exc.status == 413 else None
+    headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else {}
+    if exc.status == 405:
+        allowed = headers.get("Allow", "")
+        return Problem(405, "Method Not Allowed",
+                       f"this route does not answer this method; allowed: {allowed}",
+                       headers=headers)
+    if exc.status == 413:
+        return Problem(413, "Payload Too Large", "the request body is larger than this "
+                       "server accepts", field=field)
+    return Problem(exc.status, exc.reason, exc.reason, field=field, headers=headers)
 
 
 @web.middleware
 async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Request id, problem+json for every error, one JSON log line per request."""
-    request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    """Request id, one error shape per audience, latency per route, one log line."""
+    request_id = _request_id(request)
     started = time.perf_counter()
+    problem: Problem | None = None
     try:
+        if request.app[SHUTTING_DOWN].is_set() and request.path not in UNGATED_PATHS:
+            raise Problem(503, "Service Unavailable", "the service is shutting down",
+                          headers={"Retry-After": "5", "Connection": "close"})
         response = await handler(request)
-    except Problem as problem:
-        response = problem.response(instance=request.path)
-    except web.HTTPException as exc:  # aiohttp's own: 404 route, 405, 413 body too large
-        field = "body" if exc.status == 413 else None
-        response = Problem(exc.status, exc.reason, exc.text or exc.reason,
-                           field=field).response(instance=request.path)
+    except Problem as exc:
+        problem = exc
+    except web.HTTPException as exc:
+        problem = _from_http_exception(exc)
+    except LedgerError as exc:  # the one error map decides the status
+        problem = problem_for(exc)
     except Exception:
         log.exception("unhandled error", extra={"request_id": request_id})
-        response = Problem(500, "Internal Server Error",
-                           "the server failed; see its log for this request id").response()
+        problem = internal_error(request_id)
+    if problem is not None:
+        if problem.status >= 500 and problem.request_id is None:
+            problem.request_id = request_id
+        response = (problem.openai_response() if request.path in OPENAI_PATHS
+                    else problem.response(instance=request.path))
     response.headers["X-Request-Id"] = request_id
+    elapsed = time.perf_counter() - started
     route = request.match_info.route.resource
     name = route.canonical if route is not None else "unmatched"
-    request.app[METRICS].requests.labels(name, str(response.status)).inc()
+    metrics = request.app[METRICS]
+    metrics.requests.labels(name, str(response.status)).inc()
+    # Methods are the caller's to choose: bound the label set, or memory grows with them.
+    method = request.method if request.method in _METHODS else "other"
+    metrics.request_latency.labels(name, method).observe(elapsed)
     log.info(json.dumps({"request_id": request_id, "method": request.method,
                          "path": request.path, "status": response.status,
-                         "ms": round((time.perf_counter() - started) * 1000, 2)}))
+                         "ms": round(elapsed * 1000, 2)}))
     return response
+
+
+async def mark_shutting_down(app: web.Application) -> None:
+    """From here on new requests get 503; the cleanup contexts then drain the queue."""
+    app[SHUTTING_DOWN].set()
 
 
 async def ledger_context(app: web.Application) -> AsyncIterator[None]:
@@ -153,22 +205,29 @@ async def batcher_context(app: web.Application) -> AsyncIterator[None]:
         latest = ledger.latest_checkpoint()
         return float(size - (latest.size if latest else 0))
 
+    def checkpoint_age() -> float:
+        latest = ledger.latest_checkpoint()
+        if latest is None:
+            return float("nan")  # nothing sealed yet: no age to report
+        return max(0.0, (datetime.now(UTC).replace(tzinfo=None) - latest.sealed_at)
+                   .total_seconds())
+
     metrics.bind(lambda: float(batcher.depth), lag)
+    metrics.bind_service(in_model=lambda: float(batcher.in_flight),
+                         checkpoint_age=checkpoint_age)
     yield
     await batcher.drain()
 
 
 def create_app(settings: Settings, generator: AuditedGenerator) -> web.Application:
-    from inference_wrapper.server.content import vault_context
-    from inference_wrapper.server.routes import ROUTES
-    from inference_wrapper.server.witnessing import witness_context
-
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[request_context])
     app[SETTINGS] = settings
     app[GENERATOR] = generator
     app[METRICS] = Metrics()
     app[TRACER] = PhaseTracer(settings.otel_exporter)
+    app[SHUTTING_DOWN] = asyncio.Event()
+    app.on_shutdown.append(mark_shutting_down)
     app.cleanup_ctx.extend([ledger_context, vault_context, integrator_context, anchor_context,
                             witness_context, batcher_context])
     app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])

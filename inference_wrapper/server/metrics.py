@@ -4,11 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-PHASES = ("parse", "queue_wait", "tokenize", "forward", "decode", "append")
+# Per request: each request spends its own time here.
+REQUEST_PHASES = ("parse", "queue_wait")
+# Per batch: one observation per generate call, shared by every request in the batch.
+BATCH_PHASES = ("tokenize", "forward", "decode", "append")
+PHASES = REQUEST_PHASES + BATCH_PHASES
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0, 30.0)
 
@@ -55,8 +66,20 @@ class GpuCollector(Collector):
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.phase = Histogram("audit_phase_seconds", "latency per request phase",
-                               ["phase"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        # Two series: a batch phase observed once per batch would otherwise be weighted
+        # against per-request phases as if it were one request's time.
+        self.request_phase = Histogram("audit_request_phase_seconds",
+                                       "time one request spends in a phase (parse, queue_wait)",
+                                       ["phase"], buckets=LATENCY_BUCKETS,
+                                       registry=self.registry)
+        self.batch_phase = Histogram("audit_batch_phase_seconds",
+                                     "time one batch spends in a phase (tokenize, forward, "
+                                     "decode, append)", ["phase"], buckets=LATENCY_BUCKETS,
+                                     registry=self.registry)
+        self.request_latency = Histogram("audit_http_request_duration_seconds",
+                                         "end-to-end HTTP request latency, per route",
+                                         ["route", "method"], buckets=LATENCY_BUCKETS,
+                                         registry=self.registry)
         self.batch_size = Histogram("audit_batch_size", "requests per generate call",
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128),
                                     registry=self.registry)
@@ -73,16 +96,29 @@ class Metrics:
         self.anchor_backlog = Gauge("audit_anchor_backlog_checkpoints",
                                     "sealed checkpoints not yet anchored",
                                     registry=self.registry)
+        self.in_model = Gauge("audit_requests_in_model",
+                              "requests taken from the queue whose answer is not yet released",
+                              registry=self.registry)
+        self.checkpoint_age = Gauge("audit_checkpoint_age_seconds",
+                                    "seconds since the latest checkpoint was sealed (NaN "
+                                    "before the first)", registry=self.registry)
         self.registry.register(GpuCollector())
+        ProcessCollector(registry=self.registry)  # CPU, memory, open files of this process
+        PlatformCollector(registry=self.registry)
 
     def observe(self, name: str, value: float) -> None:
         if name == "batch_size":
             self.batch_size.observe(value)
+        elif name in REQUEST_PHASES:
+            self.request_phase.labels(name).observe(value)
         else:
-            self.phase.labels(name).observe(value)
+            self.batch_phase.labels(name).observe(value)
 
     def bind(self, queue_depth: Callable[[], float], checkpoint_lag: Callable[[], float]) -> None:
         self.queue_depth.set_function(queue_depth)
         self.checkpoint_lag.set_function(checkpoint_lag)
 
-
+    def bind_service(self, *, in_model: Callable[[], float],
+                     checkpoint_age: Callable[[], float]) -> None:
+        self.in_model.set_function(in_model)
+        self.checkpoint_age.set_function(checkpoint_age)

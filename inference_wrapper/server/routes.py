@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inference_wrapper.batcher import Answer, QueueFullError, ShuttingDownError
-from inference_wrapper.params import GenerationParams
-from inference_wrapper.server.app import (
+from inference_wrapper.contract import ContextLengthError
+from inference_wrapper.params import MAX_SEED, GenerationParams, Limits
+from inference_wrapper.server.appkeys import (
     ANCHOR_WORKER,
     BATCHER,
     GENERATOR,
@@ -39,42 +41,108 @@ from inference_wrapper.server.content import (
 )
 from inference_wrapper.server.problems import Problem, invalid
 from inference_wrapper.server.validation import (
+    MAX_QUERY_INT,
     Field,
     check_fields,
     openapi_schema,
     parse_json_body,
+    query_int,
 )
 from ledger.anchor.store import SqlAnchorStore
+from ledger.error_map import http_status_for
 from ledger.errors import BackendError, InvalidInputError
 from ledger.store.apikeys import ApiKey
-from ledger.store.sql import QUERY_FILTERS, RecordRow
+from ledger.store.sql import QUERY_FILTERS, RecordRow, decode_cursor
 from ledger.witness.cosignatures import cosigned_note
 
 CLIENT_ROLES = ("client", "admin")
 READER_ROLES = ("client", "auditor", "admin")
+MAX_STOP_SEQUENCES = 4  # as OpenAI allows
+MAX_USER_CHARS = 256
+MAX_RECORDS_LIMIT = 10_000
+INLINE_PREPARE_CHARS = 512  # longer prompts are validated and counted in a worker thread
 
-GENERATE_FIELDS = {
-    "prompt": Field("string", required=True, description="the prompt text"),
-    "max_new_tokens": Field("integer", description="tokens to generate (default 32)"),
-    "temperature": Field("number", description="0 for greedy decoding (default 0)"),
-    "top_p": Field("number", description="nucleus sampling mass (default 1)"),
-    "seed": Field("integer", nullable=True, description="sampling seed (recorded)"),
-    "subject": Field("string", nullable=True,
-                     description="data-subject id, kept only as a keyed hash in the vault"),
-}
-_OPENAI_COMMON = {
-    "model": Field("string", required=True),
-    "max_tokens": Field("integer", nullable=True),
-    "temperature": Field("number", nullable=True),
-    "top_p": Field("number", nullable=True),
-    "seed": Field("integer", nullable=True),
-    "n": Field("integer", nullable=True, only=(1,)),
-    "stream": Field("boolean", nullable=True, only=(False,)),
-    "user": Field("string", nullable=True),
-}
-COMPLETION_FIELDS = {"prompt": Field("string", required=True), **_OPENAI_COMMON}
-CHAT_FIELDS = {"messages": Field("array", required=True),
-               "max_completion_tokens": Field("integer", nullable=True), **_OPENAI_COMMON}
+_TRUNCATE = Field("string", nullable=True, only=("left",),
+                  description="absent or null: a prompt longer than the tokenization "
+                  "contract's max_length is refused; \"left\": keep its last max_length "
+                  "tokens (recorded as truncated)")
+_SEED = Field("integer", nullable=True, minimum=0, maximum=MAX_SEED,
+              description="sampling seed (recorded; the seed used is echoed back)")
+_MESSAGE = {"type": "object", "additionalProperties": False, "required": ["role", "content"],
+            "properties": {"role": {"enum": ["system", "user", "assistant"]},
+                           "content": {"type": "string"}, "name": {"type": "string"}}}
+
+
+@functools.lru_cache(maxsize=8)
+def generate_fields(limits: Limits) -> dict[str, Field]:
+    return {
+        "prompt": Field("string", required=True, min_length=1,
+                        max_length=limits.max_prompt_bytes,
+                        description=f"the prompt text, at most {limits.max_prompt_bytes} "
+                        "UTF-8 bytes"),
+        "max_new_tokens": Field("integer", minimum=1, maximum=limits.max_new_tokens,
+                                description="tokens to generate (default 32)"),
+        "temperature": Field("number", minimum=0, maximum=limits.max_temperature,
+                             description="0 for greedy decoding (default), else at least "
+                             "0.01"),
+        "top_p": Field("number", exclusive_minimum=0, maximum=1,
+                       description="nucleus sampling mass (default 1)"),
+        "seed": _SEED,
+        "truncate": _TRUNCATE,
+        "subject": Field("string", nullable=True, min_length=1, max_length=256,
+                         description="data-subject id, kept only as a keyed hash in the "
+                         "content vault"),
+    }
+
+
+def _openai_common(limits: Limits) -> dict[str, Field]:
+    return {
+        "model": Field("string", required=True, description="the served model's id"),
+        "max_tokens": Field("integer", nullable=True, minimum=1,
+                            maximum=limits.max_new_tokens),
+        "temperature": Field("number", nullable=True, minimum=0,
+                             maximum=limits.max_temperature,
+                             description="0 for greedy decoding, else at least 0.01"),
+        "top_p": Field("number", nullable=True, exclusive_minimum=0, maximum=1),
+        "seed": _SEED,
+        "n": Field("integer", nullable=True, only=(1,),
+                   description="choices per request: this server returns exactly one",
+                   only_reason="one choice per request (send several requests for more)"),
+        "stream": Field("boolean", nullable=True, only=(False,),
+                        description="streaming is not offered by this server",
+                        only_reason="streaming is not offered; omit stream or send false"),
+        "stop": Field("string-or-array", nullable=True, max_length=MAX_STOP_SEQUENCES,
+                      items={"type": "string", "minLength": 1},
+                      description="the output ends before the first of these sequences "
+                      "(finish_reason stop)"),
+        "user": Field("string", nullable=True, max_length=MAX_USER_CHARS,
+                      description="the end user; recorded only as a salted commitment, "
+                      "its salt returned in audit.user_salt"),
+        "truncate": _TRUNCATE,
+    }
+
+
+@functools.lru_cache(maxsize=8)
+def completion_fields(limits: Limits) -> dict[str, Field]:
+    return {"prompt": Field("string", required=True, min_length=1,
+                            max_length=limits.max_prompt_bytes),
+            **_openai_common(limits)}
+
+
+@functools.lru_cache(maxsize=8)
+def chat_fields(limits: Limits) -> dict[str, Field]:
+    return {"messages": Field("array", required=True, min_length=1, max_length=256,
+                              items=_MESSAGE),
+            "max_completion_tokens": Field(
+                "integer", nullable=True, minimum=1, maximum=limits.max_new_tokens,
+                description="supersedes max_tokens when both are given"),
+            **_openai_common(limits)}
+
+
+# Field specs under the default limits (kept for callers that import them).
+GENERATE_FIELDS = generate_fields(Limits())
+COMPLETION_FIELDS = completion_fields(Limits())
+CHAT_FIELDS = chat_fields(Limits())
 
 
 # --- helpers ---------------------------------------------------------------------------
@@ -95,6 +163,17 @@ def authorize(request: web.Request, roles: tuple[str, ...]) -> ApiKey:
     return key
 
 
+def readable_tenant(key: ApiKey) -> str | None:
+    """The one tenant a key may read, or None for every tenant.
+
+    Auditors read every tenant; an admin only its own, unless it was created for all
+    tenants (``keys create --role admin --all-tenants``).
+    """
+    if key.role == "auditor" or (key.role == "admin" and key.all_tenants):
+        return None
+    return key.tenant
+
+
 async def read_body(request: web.Request, spec: dict[str, Field]) -> dict[str, Any]:
     if request.content_type != "application/json":
         raise invalid("Content-Type", "must be application/json", status=415)
@@ -102,13 +181,16 @@ async def read_body(request: web.Request, spec: dict[str, Field]) -> dict[str, A
 
 
 def receipt_json(answer: Answer) -> dict[str, Any]:
-    return {
+    receipt = {
         "record_id": answer.receipt.record_id,
         "leaf_index": answer.receipt.leaf_index,
         "leaf_hash": answer.receipt.leaf_hash.hex(),
         "input_salt": answer.output.input_salt.hex(),
         "output_salt": answer.output.output_salt.hex(),
     }
+    if answer.output.user_salt is not None:
+        receipt["user_salt"] = answer.output.user_salt.hex()
+    return receipt
 
 
 def receipt_headers(answer: Answer) -> dict[str, str]:
@@ -116,18 +198,48 @@ def receipt_headers(answer: Answer) -> dict[str, str]:
             "X-Audit-Leaf-Index": str(answer.receipt.leaf_index)}
 
 
+def usage_json(answer: Answer) -> dict[str, int]:
+    data = answer.output.record.body["data"]
+    prompt_tokens, completion_tokens = data["input_token_count"], data["output_token_count"]
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def seed_used(answer: Answer) -> int | None:
+    seed: int | None = answer.output.record.body["data"]["generation"]["seed"]
+    return seed
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a generate route asks of the model, beyond prompt and parameters."""
+
+    field: str = "prompt"  # the input a prompt error names
+    truncate: bool = False
+    stop: tuple[str, ...] = ()
+    user: str | None = None
+    subject: str | None = None  # data-subject id (content vault only)
+
+
 async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
                            params: GenerationParams, started: float,
-                           subject: str | None = None) -> Answer:
+                           ask: Ask = Ask()) -> Answer:
     generator = request.app[GENERATOR]
     if not request.app[ANCHOR_WORKER].serving_allowed:
         raise Problem(503, "Service Unavailable", "anchoring lags beyond its SLO and the "
                       "policy is fail-closed", headers={"Retry-After": "5"})
+    prepare = functools.partial(generator.prepare, prompt, params, tenant=key.tenant,
+                                started=started, truncate=ask.truncate, stop=ask.stop,
+                                user=ask.user, subject=ask.subject)
     try:
-        prepared = generator.prepare(prompt, params, tenant=key.tenant, started=started,
-                                     subject=subject)
+        # Counting a long prompt's tokens takes milliseconds: not on the event loop.
+        prepared = (prepare() if len(prompt) <= INLINE_PREPARE_CHARS
+                    else await asyncio.to_thread(prepare))
+    except ContextLengthError as exc:
+        raise invalid(ask.field, exc.reason, code="context_length_exceeded") from exc
     except InvalidInputError as exc:
-        raise invalid(exc.field, exc.reason) from exc
+        raise invalid(ask.field if exc.field == "prompt" else exc.field, exc.reason) from exc
+    request.app[METRICS].observe("parse", prepared.parse_ms / 1000.0)
     try:
         answer = await asyncio.wait_for(request.app[BATCHER].submit(prepared),
                                         request.app[SETTINGS].request_timeout_s)
@@ -143,9 +255,10 @@ async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
     except TimeoutError as exc:
         raise Problem(504, "Gateway Timeout", "generation did not finish in time") from exc
     except BackendError as exc:
-        # No durable record, no output: the answer is withheld.
-        raise Problem(503, "Service Unavailable",
-                      f"the audit record could not be committed, so no output is returned: {exc}",
+        # No durable record, no output: the answer is withheld. The error's own text may
+        # hold SQL and the parameters of a whole group (other tenants' records): never sent.
+        raise Problem(http_status_for(exc), "Service Unavailable",
+                      "the audit record could not be committed, so no output is returned",
                       headers={"Retry-After": "1"}) from exc
 
 
@@ -172,8 +285,33 @@ def _check_model(request: web.Request, body: dict[str, Any]) -> str:
     name = request.app[GENERATOR].loaded.name
     if body["model"] != name:
         raise Problem(404, "Not Found", f"model {body['model']!r} is not served here; "
-                      f"this server serves {name!r}", field="model")
+                      f"this server serves {name!r}", field="model", code="model_not_found")
     return name
+
+
+def _stops(body: dict[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    for i, item in enumerate(stops):
+        where = "stop" if isinstance(stop, str) else f"stop[{i}]"
+        if not isinstance(item, str):
+            raise invalid(where, "must be a string")
+        if not item:
+            raise invalid(where, "must not be empty")
+    return tuple(stops)
+
+
+def _ask(body: dict[str, Any], field: str, subject_field: str) -> Ask:
+    return Ask(field=field, truncate=body.get("truncate") == "left", stop=_stops(body),
+               user=body.get("user"), subject=subject_from(body, subject_field))
+
+
+def system_fingerprint(request: web.Request) -> str:
+    """OpenAI's backend-configuration id, here derived from the served model's digest."""
+    digest = request.app[GENERATOR].loaded.digest
+    return "fp_" + digest.partition(":")[2][:16]
 
 
 # --- inference routes ------------------------------------------------------------------
@@ -182,13 +320,15 @@ def _check_model(request: web.Request, body: dict[str, Any]) -> str:
 async def generate(request: web.Request) -> web.Response:
     started = time.perf_counter() * 1000
     key = authorize(request, CLIENT_ROLES)
-    body = await read_body(request, GENERATE_FIELDS)
+    limits = request.app[GENERATOR].limits
+    body = await read_body(request, generate_fields(limits))
     params = _params(request, body, "max_new_tokens", GenerationParams())
     answer = await generate_audited(request, key, body["prompt"], params, started,
-                                    subject_from(body, "subject"))
+                                    _ask(body, "prompt", "subject"))
     return web.json_response(
         {"output": answer.output.text,
          "finish_reason": answer.output.record.body["data"]["finish_reason"],
+         "usage": usage_json(answer), "seed": seed_used(answer),
          **receipt_json(answer)},
         headers=receipt_headers(answer),
     )
@@ -197,12 +337,12 @@ async def generate(request: web.Request) -> web.Response:
 async def completions(request: web.Request) -> web.Response:
     started = time.perf_counter() * 1000
     key = authorize(request, CLIENT_ROLES)
-    body = await read_body(request, COMPLETION_FIELDS)
+    body = await read_body(request, completion_fields(request.app[GENERATOR].limits))
     model = _check_model(request, body)
     params = _params(request, body, "max_tokens", GenerationParams(16, 1.0, 1.0))
     answer = await generate_audited(request, key, body["prompt"], params, started,
-                                    subject_from(body, "user"))
-    return web.json_response(_openai_response(answer, model, "text_completion", {
+                                    _ask(body, "prompt", "user"))
+    return web.json_response(_openai_response(request, answer, model, "text_completion", {
         "text": answer.output.text, "index": 0, "logprobs": None,
     }), headers=receipt_headers(answer))
 
@@ -210,24 +350,34 @@ async def completions(request: web.Request) -> web.Response:
 async def chat_completions(request: web.Request) -> web.Response:
     started = time.perf_counter() * 1000
     key = authorize(request, CLIENT_ROLES)
-    body = await read_body(request, CHAT_FIELDS)
+    body = await read_body(request, chat_fields(request.app[GENERATOR].limits))
     model = _check_model(request, body)
     messages = _check_messages(body["messages"])
-    tokens_field = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
+    # OpenAI: max_completion_tokens supersedes the deprecated max_tokens, 0 included.
+    tokens_field = ("max_completion_tokens" if body.get("max_completion_tokens") is not None
+                    else "max_tokens")
     params = _params(request, body, tokens_field, GenerationParams(64, 1.0, 1.0))
     tokenizer = request.app[GENERATOR].loaded.tokenizer
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    answer = await generate_audited(request, key, prompt, params, started,
-                                    subject_from(body, "user"))
-    return web.json_response(_openai_response(answer, model, "chat.completion", {
+    ask = _ask(body, "messages", "user")
+    if ask.truncate and any(m["role"] == "system" for m in messages):
+        # Left truncation cuts the start of the conversation, where the system prompt is:
+        # an over-long chat with a system prompt is refused instead of losing it.
+        contract = request.app[GENERATOR].contract
+        tokens = contract.count(tokenizer, prompt)
+        if tokens > contract.max_length:
+            raise invalid("truncate", f"the messages are {tokens} tokens, the tokenization "
+                          f"contract allows {contract.max_length}, and left truncation would "
+                          "drop the system prompt; shorten the conversation",
+                          code="context_length_exceeded")
+    answer = await generate_audited(request, key, prompt, params, started, ask)
+    return web.json_response(_openai_response(request, answer, model, "chat.completion", {
         "index": 0, "logprobs": None,
         "message": {"role": "assistant", "content": answer.output.text},
     }), headers=receipt_headers(answer))
 
 
 def _check_messages(messages: list[Any]) -> list[dict[str, str]]:
-    if not messages:
-        raise invalid("messages", "must not be empty")
     checked = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
@@ -237,15 +387,16 @@ def _check_messages(messages: list[Any]) -> list[dict[str, str]]:
             raise invalid(f"{where}.role", "must be system, user or assistant")
         if not isinstance(message.get("content"), str):
             raise invalid(f"{where}.content", "must be a string")
+        if "name" in message and not isinstance(message["name"], str):
+            raise invalid(f"{where}.name", "must be a string")
         checked.append({"role": message["role"], "content": message["content"]})
     return checked
 
 
 def _openai_response(
-    answer: Answer, model: str, kind: str, choice: dict[str, Any]
+    request: web.Request, answer: Answer, model: str, kind: str, choice: dict[str, Any]
 ) -> dict[str, Any]:
     data = answer.output.record.body["data"]
-    prompt_tokens, completion_tokens = data["input_token_count"], data["output_token_count"]
     choice["finish_reason"] = data["finish_reason"]
     prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
     return {
@@ -253,9 +404,10 @@ def _openai_response(
         "object": kind,
         "created": int(time.time()),
         "model": model,
+        "system_fingerprint": system_fingerprint(request),
         "choices": [choice],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
+        "usage": usage_json(answer),
+        "seed": seed_used(answer),
         "audit": receipt_json(answer),
     }
 
@@ -290,20 +442,12 @@ def _parse_time(request: web.Request, name: str) -> datetime | None:
     if raw is None:
         return None
     try:
-        return datetime.fromisoformat(raw)
-    except ValueError as exc:
+        moment = datetime.fromisoformat(raw)
+        if moment.tzinfo is not None:  # the mirror stores naive UTC
+            moment = moment.astimezone(UTC).replace(tzinfo=None)
+    except (ValueError, OverflowError) as exc:  # year 1 at +01:00 overflows in UTC
         raise invalid(name, "must be an RFC 3339 timestamp", status=400) from exc
-
-
-def _int_query(request: web.Request, name: str, default: int | None = None) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        if default is None:
-            raise invalid(name, "is required", status=400)
-        return default
-    if not raw.isdigit():
-        raise invalid(name, "must be a non-negative integer", status=400)
-    return int(raw)
+    return moment
 
 
 QUERY_PARAMS = ("since", "until", "limit", "cursor", *QUERY_FILTERS)
@@ -315,18 +459,28 @@ async def list_records(request: web.Request) -> web.Response:
         if name not in QUERY_PARAMS:
             raise invalid(name, f"unknown query parameter {name!r}", status=400)
     filters = {name: request.query.get(name) for name in QUERY_FILTERS}
-    if key.role == "client":
-        if filters["tenant"] not in (None, key.tenant):
-            raise Problem(403, "Forbidden", "a client reads only its own tenant's records",
-                          field="tenant")
-        filters["tenant"] = key.tenant
-    limit = _int_query(request, "limit", 100)
+    scope = readable_tenant(key)
+    if scope is not None:
+        if filters["tenant"] not in (None, scope):
+            raise Problem(403, "Forbidden", f"a {key.role} key of tenant {scope!r} reads only "
+                          "that tenant's records", field="tenant")
+        filters["tenant"] = scope
+    limit = query_int(request.query.get("limit"), "limit", default=100, low=1,
+                      high=MAX_RECORDS_LIMIT)
+    cursor = request.query.get("cursor")
+    if cursor is not None:
+        try:
+            position = decode_cursor(cursor)
+        except InvalidInputError as exc:
+            raise invalid("cursor", exc.reason, status=400) from exc
+        if position > MAX_QUERY_INT:  # a forged cursor must not overflow the SQL integer
+            raise invalid("cursor", "is not a cursor this service issued", status=400)
     ledger = request.app[LEDGER]
     try:
         rows, cursor = await asyncio.to_thread(
             lambda: ledger.query(since=_parse_time(request, "since"),
                                  until=_parse_time(request, "until"), limit=limit,
-                                 cursor=request.query.get("cursor"), **filters))
+                                 cursor=cursor, **filters))
     except InvalidInputError as exc:
         raise invalid(exc.field, exc.reason, status=400) from exc
     return web.json_response({"records": [_row_json(r) for r in rows], "next_cursor": cursor})
@@ -337,7 +491,8 @@ async def _visible_record(request: web.Request) -> RecordRow:
     record_id = request.match_info["record_id"]
     row = await asyncio.to_thread(request.app[LEDGER].get_record, record_id)
     # A client asking for another tenant's record learns nothing, not even that it exists.
-    if row is None or (key.role == "client" and row.tenant != key.tenant):
+    scope = readable_tenant(key)
+    if row is None or (scope is not None and row.tenant != scope):
         raise Problem(404, "Not Found", f"no record {record_id!r}")
     return row
 
@@ -351,7 +506,7 @@ async def record_proof(request: web.Request) -> web.Response:
     row = await _visible_record(request)
     ledger = request.app[LEDGER]
     if "tree_size" in request.query:  # a proof to one given, already sealed checkpoint
-        size = _int_query(request, "tree_size")
+        size = query_int(request.query.get("tree_size"), "tree_size")
         latest = await asyncio.to_thread(ledger.checkpoint, size)
         if latest is None or latest.size <= row.leaf_index:
             raise invalid("tree_size", f"no checkpoint of size {size} covers this record",
@@ -397,7 +552,8 @@ async def anchored_checkpoint(request: web.Request) -> web.Response:
 
 async def consistency(request: web.Request) -> web.Response:
     authorize(request, READER_ROLES)
-    first, second = _int_query(request, "from"), _int_query(request, "to")
+    first = query_int(request.query.get("from"), "from")
+    second = query_int(request.query.get("to"), "to")
     ledger = request.app[LEDGER]
     try:
         proof = await asyncio.to_thread(ledger.consistency_proof, first, second)
@@ -447,7 +603,8 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(openapi_document())
+    generator = request.app[GENERATOR]
+    return web.json_response(openapi_document(generator.limits, generator.loaded.name))
 
 
 # --- the table -------------------------------------------------------------------------
@@ -459,68 +616,171 @@ class Route:
     path: str
     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     summary: str
-    body: dict[str, Field] | None = None
+    body: Callable[[Limits], dict[str, Field]] | None = None
     query: tuple[str, ...] = ()
     auth: bool = True
+    openai: bool = False  # errors in OpenAI's shape instead of problem details
+    response: dict[str, Any] | None = None  # JSON Schema of the 200 body
 
+
+def _obj(required: dict[str, Any], optional: dict[str, Any] | None = None,
+         closed: bool = True) -> dict[str, Any]:
+    return {"type": "object", "required": list(required),
+            "properties": {**required, **(optional or {})},
+            "additionalProperties": not closed}
+
+
+_STR, _INT, _HEX = {"type": "string"}, {"type": "integer", "minimum": 0}, \
+    {"type": "string", "pattern": "^[0-9a-f]*$"}
+_USAGE = _obj({"prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT})
+_RECEIPT = _obj({"record_id": _STR, "leaf_index": _INT, "leaf_hash": _HEX,
+                 "input_salt": _HEX, "output_salt": _HEX}, {"user_salt": _HEX})
+_FINISH = {"enum": ["stop", "length"]}
+_SEED_OUT = {"type": ["integer", "null"]}
+_ROW = _obj({"record_id": _STR, "leaf_index": _INT, "created_at": _STR, "tenant": _STR,
+             "checkpoint_size": {"type": ["integer", "null"]},
+             "anchor_ref": {"type": ["string", "null"]}, "record": {"type": "object"}},
+            {"canonical_base64": _STR}, closed=False)
+_NOTE = {"tree_size": _INT, "checkpoint": _STR}
+RESPONSES: dict[str, dict[str, Any]] = {
+    "generate": _obj({"output": _STR, "finish_reason": _FINISH, "usage": _USAGE,
+                      "seed": _SEED_OUT, "record_id": _STR, "leaf_index": _INT,
+                      "leaf_hash": _HEX, "input_salt": _HEX, "output_salt": _HEX}),
+    "completions": _obj({
+        "id": _STR, "object": {"const": "text_completion"}, "created": _INT, "model": _STR,
+        "system_fingerprint": _STR, "usage": _USAGE, "seed": _SEED_OUT, "audit": _RECEIPT,
+        "choices": {"type": "array", "minItems": 1, "maxItems": 1, "items": _obj({
+            "text": _STR, "index": _INT, "logprobs": {"type": "null"},
+            "finish_reason": _FINISH})}}),
+    "chat": _obj({
+        "id": _STR, "object": {"const": "chat.completion"}, "created": _INT, "model": _STR,
+        "system_fingerprint": _STR, "usage": _USAGE, "seed": _SEED_OUT, "audit": _RECEIPT,
+        "choices": {"type": "array", "minItems": 1, "maxItems": 1, "items": _obj({
+            "index": _INT, "logprobs": {"type": "null"}, "finish_reason": _FINISH,
+            "message": _obj({"role": {"const": "assistant"}, "content": _STR})})}}),
+    "models": _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _obj({
+        "id": _STR, "object": {"const": "model"}, "created": _INT, "owned_by": _STR,
+        "digest": _STR, "pinned": {"type": "boolean"}})}}),
+    "records": _obj({"records": {"type": "array", "items": _ROW},
+                     "next_cursor": {"type": ["string", "null"]}}),
+    "record": _ROW,
+    "proof": _obj({"record_id": _STR, "leaf_index": _INT, "leaf_hash": _HEX,
+                   "inclusion_proof": {"type": "array", "items": _HEX}, **_NOTE}),
+    "latest": _obj({"root": _HEX, **_NOTE}),
+    "anchored": _obj({"kind": _STR, "ref": _STR, **_NOTE}),
+    "consistency": _obj({"from": _INT, "to": _INT,
+                         "proof": {"type": "array", "items": _HEX}}),
+    "public_key": _obj({"origin": _STR, "verifier_key": _STR, "key_hash": _HEX}),
+    "healthz": _obj({"status": {"const": "ok"}}),
+    "readyz": _obj({"ready": {"type": "boolean"},
+                    "checks": {"type": "object",
+                               "additionalProperties": {"type": "boolean"}}}),
+    "openapi": {"type": "object", "required": ["openapi", "paths"]},
+}
 
 ROUTES = (
-    Route("POST", "/v1/generate", generate, "audited generate", GENERATE_FIELDS),
+    Route("POST", "/v1/generate", generate, "audited generate", generate_fields,
+          response=RESPONSES["generate"]),
     Route("POST", "/v1/completions", completions, "OpenAI-compatible completion",
-          COMPLETION_FIELDS),
+          completion_fields, openai=True, response=RESPONSES["completions"]),
     Route("POST", "/v1/chat/completions", chat_completions, "OpenAI-compatible chat",
-          CHAT_FIELDS),
-    Route("GET", "/v1/models", models, "the served model and its digest"),
-    Route("GET", "/v1/records", list_records, "query the mirror", query=QUERY_PARAMS),
-    Route("GET", "/v1/records/{record_id}", get_record, "one record with its bytes"),
+          chat_fields, openai=True, response=RESPONSES["chat"]),
+    Route("GET", "/v1/models", models, "the served model and its digest", openai=True,
+          response=RESPONSES["models"]),
+    Route("GET", "/v1/records", list_records, "query the mirror", query=QUERY_PARAMS,
+          response=RESPONSES["records"]),
+    Route("GET", "/v1/records/{record_id}", get_record, "one record with its bytes",
+          response=RESPONSES["record"]),
     Route("GET", "/v1/records/{record_id}/proof", record_proof,
-          "inclusion proof to the latest (or a given) checkpoint", query=("tree_size",)),
+          "inclusion proof to the latest (or a given) checkpoint", query=("tree_size",),
+          response=RESPONSES["proof"]),
     Route("GET", "/v1/records/{record_id}/content", record_content,
           "an auditor reads retained content; the read is logged first", query=("purpose",)),
     Route("POST", "/v1/admin/erasures", erase, "erase retained content (crypto-shredding)",
-          ERASE_FIELDS),
+          lambda _limits: ERASE_FIELDS),
     Route("GET", "/v1/admin/retention", get_policy, "the admin's tenant retention policy"),
     Route("PUT", "/v1/admin/retention", put_policy, "set the tenant's retention policy",
-          POLICY_FIELDS),
-    Route("GET", "/v1/checkpoints/latest", latest_checkpoint, "the latest signed checkpoint"),
+          lambda _limits: POLICY_FIELDS),
+    Route("GET", "/v1/checkpoints/latest", latest_checkpoint, "the latest signed checkpoint",
+          response=RESPONSES["latest"]),
     Route("GET", "/v1/checkpoints/anchored", anchored_checkpoint,
-          "the newest anchored checkpoint and where it was anchored"),
+          "the newest anchored checkpoint and where it was anchored",
+          response=RESPONSES["anchored"]),
     Route("GET", "/v1/checkpoints/consistency", consistency, "consistency proof",
-          query=("from", "to")),
-    Route("GET", "/v1/log/public-key", public_key, "the log's verifier key"),
-    Route("GET", "/healthz", healthz, "liveness", auth=False),
-    Route("GET", "/readyz", readyz, "readiness", auth=False),
+          query=("from", "to"), response=RESPONSES["consistency"]),
+    Route("GET", "/v1/log/public-key", public_key, "the log's verifier key",
+          response=RESPONSES["public_key"]),
+    Route("GET", "/healthz", healthz, "liveness", auth=False, response=RESPONSES["healthz"]),
+    Route("GET", "/readyz", readyz, "readiness", auth=False, response=RESPONSES["readyz"]),
     Route("GET", "/metrics", metrics, "Prometheus metrics", auth=False),
-    Route("GET", "/openapi.json", openapi, "this document", auth=False),
+    Route("GET", "/openapi.json", openapi, "this document", auth=False,
+          response=RESPONSES["openapi"]),
 )
+# Paths whose errors are in OpenAI's shape (any method, so a 405 there is one too).
+OPENAI_PATHS = frozenset(r.path for r in ROUTES if r.openai)
+# Answered even while shutting down: probes and scrapes must see the shutdown happen.
+UNGATED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
-PROBLEM_SCHEMA = {"type": "object", "properties": {
-    "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
-    "detail": {"type": "string"}, "field": {"type": "string"}, "instance": {"type": "string"}}}
+PROBLEM_SCHEMA = {"type": "object", "required": ["type", "title", "status", "detail"],
+                  "properties": {
+                      "type": _STR, "title": _STR, "status": {"type": "integer"},
+                      "detail": _STR, "field": _STR, "code": _STR, "instance": _STR,
+                      "request_id": _STR}}
+OPENAI_ERROR_SCHEMA = _obj({"error": _obj({
+    "message": _STR, "type": _STR, "param": {"type": ["string", "null"]},
+    "code": {"type": ["string", "null"]}})})
+
+_QUERY_SCHEMAS: dict[str, dict[str, Any]] = {
+    "limit": {"type": "integer", "minimum": 1, "maximum": MAX_RECORDS_LIMIT},
+    "tree_size": {"type": "integer", "minimum": 0, "maximum": MAX_QUERY_INT},
+    "from": {"type": "integer", "minimum": 0, "maximum": MAX_QUERY_INT},
+    "to": {"type": "integer", "minimum": 0, "maximum": MAX_QUERY_INT},
+    "since": {"type": "string", "format": "date-time"},
+    "until": {"type": "string", "format": "date-time"},
+}
 
 
-def openapi_document() -> dict[str, Any]:
+def openapi_document(limits: Limits | None = None, model: str | None = None
+                     ) -> dict[str, Any]:
+    """The API description, from the route table and the field specs the server checks
+    with; ``limits`` and ``model`` are the serving generator's, when known."""
+    limits = limits or Limits()
     paths: dict[str, Any] = {}
     for route in ROUTES:
-        problem = {"description": "problem details",
-                   "content": {"application/problem+json": {"schema": PROBLEM_SCHEMA}}}
-        operation: dict[str, Any] = {
-            "summary": route.summary,
-            "operationId": route.handler.__name__,
-            "responses": {"200": {"description": "success"}, "4XX": problem, "5XX": problem},
-        }
-        params = [{"name": q, "in": "query", "required": q in ("from", "to") and
-                   route.handler is consistency,
-                   "schema": {"type": "integer"} if q in ("from", "to", "limit", "tree_size") else
-                   {"type": "string"}} for q in route.query]
+        if route.openai:
+            error = {"description": "OpenAI error object",
+                     "content": {"application/json": {"schema": OPENAI_ERROR_SCHEMA}}}
+        else:
+            error = {"description": "problem details",
+                     "content": {"application/problem+json": {"schema": PROBLEM_SCHEMA}}}
+        if route.response is not None:
+            success = {"description": "success",
+                       "content": {"application/json": {"schema": route.response}}}
+        else:
+            success = {"description": "Prometheus text exposition",
+                       "content": {"text/plain": {"schema": {"type": "string"}}}}
+        responses: dict[str, Any] = {"200": success, "4XX": error, "5XX": error}
+        if route.handler is readyz:  # not ready is a readiness body, not a problem
+            responses["503"] = {"description": "not ready", "content": {
+                "application/json": {"schema": RESPONSES["readyz"]}}}
+        operation: dict[str, Any] = {"summary": route.summary,
+                                     "operationId": route.handler.__name__,
+                                     "responses": responses}
+        params = [{"name": q, "in": "query",
+                   "required": q in ("from", "to") and route.handler is consistency,
+                   "schema": _QUERY_SCHEMAS.get(q, {"type": "string"})} for q in route.query]
         if "{record_id}" in route.path:
             params.append({"name": "record_id", "in": "path", "required": True,
-                           "schema": {"type": "string"}})
+                           "schema": {"type": "string", "minLength": 1}})
         if params:
             operation["parameters"] = params
         if route.body is not None:
+            schema = openapi_schema(route.body(limits))
+            if model is not None and "model" in schema["properties"]:
+                schema["properties"]["model"] = {**schema["properties"]["model"],
+                                                 "enum": [model]}
             operation["requestBody"] = {"required": True, "content": {
-                "application/json": {"schema": openapi_schema(route.body)}}}
+                "application/json": {"schema": schema}}}
         if route.auth:
             operation["security"] = [{"bearer": []}]
         paths.setdefault(route.path, {})[route.method.lower()] = operation

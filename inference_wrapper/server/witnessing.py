@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from inference_wrapper.server.app import ANCHOR_WORKER, LEDGER, SETTINGS
+from inference_wrapper.server.appkeys import ANCHOR_WORKER, LEDGER, SETTINGS
 from ledger.errors import InvalidInputError
 from ledger.witness.client import WitnessClient, WitnessWorker, parse_witnesses
 

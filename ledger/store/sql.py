@@ -96,7 +96,8 @@ def make_engine(url: str, *, writer: bool = False, sqlite_synchronous: str = "FU
     if sqlite_synchronous not in ("FULL", "NORMAL"):
         raise ValueError("sqlite_synchronous is FULL or NORMAL")
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
+                               hide_parameters=True)  # errors never carry record bytes
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -113,7 +114,8 @@ def make_engine(url: str, *, writer: bool = False, sqlite_synchronous: str = "FU
             connection.exec_driver_sql("BEGIN IMMEDIATE" if writer else "BEGIN")
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10,
+                         hide_parameters=True)
 
 
 class _Pending:

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
-from inference_wrapper.server.app import KEYS, LEDGER, SETTINGS, SIGNER, create_app
+from inference_wrapper.server.app import GENERATOR, KEYS, LEDGER, SETTINGS, SIGNER, create_app
 from inference_wrapper.server.routes import ROUTES, openapi_document
 from inference_wrapper.server.settings import Settings
 from ledger import merkle
@@ -138,13 +139,13 @@ BAD_INPUTS = [
     ("duplicate key", b'{"prompt": "x", "prompt": "y"}', 400, "prompt", "duplicate"),
     ("wrong type", b'{"prompt": 42}', 422, "prompt", "must be a string"),
     ("wrong number type", b'{"prompt": "x", "max_new_tokens": "8"}', 422, "max_new_tokens",
-     "must be a integer"),
+     "must be an integer"),
     ("boolean as number", b'{"prompt": "x", "top_p": true}', 422, "top_p", "boolean"),
     ("unknown field", b'{"prompt": "x", "colour": "red"}', 422, "colour", "unknown field"),
     ("missing prompt", b'{"max_new_tokens": 3}', 422, "prompt", "is required"),
     ("empty prompt", b'{"prompt": ""}', 422, "prompt", "must not be empty"),
     ("oversize prompt", json.dumps({"prompt": "x" * 20000}).encode(), 422, "prompt",
-     "the limit is 16384"),
+     "at most 16384"),
     ("negative tokens", b'{"prompt": "x", "max_new_tokens": -1}', 422, "max_new_tokens",
      "between 1 and 512"),
     ("too many tokens", b'{"prompt": "x", "max_new_tokens": 100000}', 422, "max_new_tokens",
@@ -258,7 +259,10 @@ async def test_openai_unknown_model_404(service: Any) -> None:
     client, tokens = service
     response = await client.post("/v1/completions", json={"model": "gpt-9", "prompt": "x"},
                                  headers=bearer(tokens["a"]))
-    assert response.status == 404 and (await response.json())["field"] == "model"
+    assert response.status == 404
+    assert (await response.json())["error"] == {
+        "message": "model 'gpt-9' is not served here; this server serves 'tiny-llama'",
+        "type": "invalid_request_error", "param": "model", "code": "model_not_found"}
 
 
 async def test_checkpoints_and_consistency_routes(service: Any) -> None:
@@ -284,17 +288,41 @@ async def test_health_readiness_metrics(service: Any) -> None:
     assert ready == {"ready": True, "checks": {"model_loaded": True, "ledger_reachable": True,
                                                "anchoring_within_slo": True,
                                                "anchor_configured": True}}
+    app = client.server.app
+    app[LEDGER].seal_checkpoint(app[SIGNER], app[SETTINGS].origin)
     text = await (await client.get("/metrics")).text()
-    for name in ("audit_phase_seconds_bucket{le=", 'phase="forward"', 'phase="append"',
-                 "audit_batch_size_count", "audit_queue_depth", "audit_checkpoint_lag_entries",
-                 "audit_anchor_lag_seconds", "audit_anchor_backlog_checkpoints"):
-        assert name in text, name
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    # Per-request phases and per-batch phases are separate series.
+    for phase in ("parse", "queue_wait"):
+        assert value("audit_request_phase_seconds_count", phase=phase) == 1
+    for phase in ("tokenize", "forward", "decode", "append"):
+        assert value("audit_batch_phase_seconds_count", phase=phase) == 1
+    assert ("audit_request_phase_seconds_count", (("phase", "forward"),)) not in samples
+    # End-to-end latency per route.
+    assert value("audit_http_request_duration_seconds_count", route="/v1/generate",
+                 method="POST") == 1
+    assert value("audit_http_request_duration_seconds_count", route="/readyz",
+                 method="GET") == 1
+    age = value("audit_checkpoint_age_seconds")
+    assert 0 <= age < 3600
+    assert value("audit_requests_in_model") == 0
+    assert value("process_cpu_seconds_total") > 0  # the process collector
+    for name in ("audit_batch_size_count", "audit_queue_depth",
+                 "audit_checkpoint_lag_entries", "audit_anchor_lag_seconds",
+                 "audit_anchor_backlog_checkpoints"):
+        assert (name, ()) in samples, name
 
 
 async def test_openapi_matches_the_routes(service: Any) -> None:
     client, _ = service
     document = await (await client.get("/openapi.json")).json()
-    assert document == openapi_document()
+    generator = client.server.app[GENERATOR]
+    assert document == openapi_document(generator.limits, generator.loaded.name)
     served = {(r.method, r.resource.canonical) for r in client.server.app.router.routes()
               if r.resource is not None and r.method != "HEAD"}
     documented = {(m.upper(), p) for p, ops in document["paths"].items() for m in ops}

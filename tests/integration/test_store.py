@@ -238,7 +238,8 @@ def test_integrator_seals_on_interval(ledger_url: str, signer: NoteSigner) -> No
     with SqlLedger(ledger_url) as ledger:
         integrator = Integrator(ledger, signer, ORIGIN, interval_s=0.05).start()
         ledger.append(make_record(1))
-        for _ in range(500):  # up to 10 s on a loaded machine
+        deadline = time.monotonic() + 120  # an overall bound, not a speed assumption
+        while time.monotonic() < deadline:
             latest = ledger.latest_checkpoint()
             if latest is not None and latest.size == 1:
                 break

@@ -51,3 +51,13 @@ class LegalHoldError(LedgerError):
         self.hold_id = hold_id
         self.scope = scope
         self.reason = reason
+
+
+class ContentNotKeptError(BackendError):
+    """The record is durable, but the content its tenant's policy keeps could not be
+    stored: the answer is withheld (the message is safe to show a client)."""
+
+    def __init__(self) -> None:
+        super().__init__("the record was committed, but the content vault could not keep "
+                         "its content as the tenant's policy requires, so no output is "
+                         "returned")

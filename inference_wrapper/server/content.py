@@ -27,10 +27,10 @@ from inference_wrapper.server.problems import Problem, invalid
 from inference_wrapper.server.validation import Field, check_fields, parse_json_body
 from ledger.content_records import check_purpose
 from ledger.error_map import http_status_for
-from ledger.errors import BackendError, InvalidInputError, LedgerError
+from ledger.errors import InvalidInputError, LedgerError
 from ledger.store.keyring import load_keks
 from ledger.store.vault import Accessor, ContentVault, RetainItem, check_subject
-from ledger.vault_errors import ContentErasedError, LegalHoldError
+from ledger.vault_errors import ContentErasedError, ContentNotKeptError, LegalHoldError
 
 log = logging.getLogger("audit_ledger.vault")
 
@@ -139,8 +139,7 @@ def retain_hook(vault: ContentVault) -> Callable[[list[tuple[PreparedRequest, Au
             vault.retain(items)
         except Exception as exc:
             log.exception("content vault failed to retain %d records", len(items))
-            raise BackendError("the tenant's policy keeps content and the content vault "
-                               "could not store it") from exc
+            raise ContentNotKeptError() from exc
 
     return retain
 

@@ -53,6 +53,7 @@ from ledger.error_map import http_status_for
 from ledger.errors import BackendError, InvalidInputError
 from ledger.store.apikeys import ApiKey
 from ledger.store.sql import QUERY_FILTERS, RecordRow, decode_cursor
+from ledger.vault_errors import ContentNotKeptError
 from ledger.witness.cosignatures import cosigned_note
 
 CLIENT_ROLES = ("client", "admin")
@@ -254,6 +255,9 @@ async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
         raise Problem(503, "Service Unavailable", str(exc), headers={"Retry-After": "5"}) from exc
     except TimeoutError as exc:
         raise Problem(504, "Gateway Timeout", "generation did not finish in time") from exc
+    except ContentNotKeptError as exc:
+        raise Problem(http_status_for(exc), "Service Unavailable", str(exc),
+                      headers={"Retry-After": "1"}) from exc
     except BackendError as exc:
         # No durable record, no output: the answer is withheld. The error's own text may
         # hold SQL and the parameters of a whole group (other tenants' records): never sent.

@@ -90,6 +90,6 @@ async def test_no_output_when_the_vault_cannot_keep_the_content(service: Any) ->
                                  headers=bearer(tokens["client"]))
     problem = await response.json()
     assert response.status == 503 and "output" not in problem
-    assert "content vault could not store it" in problem["detail"]
+    assert "content vault could not keep its content" in problem["detail"]
     assert "vault_content" not in problem["detail"]  # no internal error text
     assert app[LEDGER].tree_head()[0] == size + 1  # the record itself is in the log

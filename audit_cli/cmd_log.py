@@ -33,14 +33,25 @@ def _settings(args: argparse.Namespace) -> tuple[str, Path]:
     return args.db or settings.database_url, args.key_file or settings.log_key_path
 
 
-def _verifier(args: argparse.Namespace, key_file: Path) -> NoteVerifier:
+def _verifier(args: argparse.Namespace, key_file: Path, origin: str | None = None
+              ) -> NoteVerifier:
     if args.log_key:
         return pinned_verifier(args)
-    from ledger.store.keys import decode_signer_key
+    from ledger.store.keys import bind_to_origin, decode_signer_key
 
     if not key_file.is_file():
         raise InvalidInputError("--log-key", "give the pinned log key or --key-file")
-    return decode_signer_key(key_file.read_text()).verifier()
+    signer = decode_signer_key(key_file.read_text())
+    # One key may sign several logs: it signs each under that log's origin.
+    return (bind_to_origin(signer, origin) if origin else signer).verifier()
+
+
+def _log_origin(url: str) -> str | None:
+    from ledger.store.sql import SqlLedger
+
+    with SqlLedger(url) as ledger:
+        meta = ledger.log_meta()
+    return meta.origin if meta else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     url, key_file = _settings(args)
     if args.action == "public-key":
-        verifier = _verifier(args, key_file)
+        verifier = _verifier(args, key_file, None if args.log_key else _log_origin(url))
         print_json({"verifier_key": verifier.encode(), "origin": verifier.name}) if args.json \
             else print(verifier.encode())
         return 0
@@ -85,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
             return 0
         from ledger.store.fsck import fsck
 
-        report = fsck(ledger, _verifier(args, key_file), progress=progress_printer("checked"))
+        meta = None if args.log_key else ledger.log_meta()
+        report = fsck(ledger, _verifier(args, key_file, meta.origin if meta else None),
+                      progress=progress_printer("checked"))
     if args.json:
         print_json({"ok": report.ok, "tree_size": report.tree_size,
                     "records_checked": report.records_checked,

@@ -113,3 +113,11 @@ class BackendUnavailableError(BackendError):
 
 class DuplicateRecordError(BackendError):
     """A different record already holds this record id."""
+
+
+class LogIdentityError(InvalidInputError):
+    """A replica's signing key or origin is not the log's: it must not start.
+
+    ``field`` names the setting to fix (``AUDIT_LEDGER_LOG_KEY_PATH``,
+    ``AUDIT_LEDGER_LOG_SIGNING_KEY`` or ``AUDIT_LEDGER_ORIGIN``); a usage error (exit 2).
+    """

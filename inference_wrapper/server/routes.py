@@ -27,6 +27,7 @@ from inference_wrapper.server.app import (
     SETTINGS,
     SIGNER,
     TRACER,
+    replica_status,
 )
 from inference_wrapper.server.problems import Problem, invalid
 from inference_wrapper.server.validation import (
@@ -413,7 +414,10 @@ async def readyz(request: web.Request) -> web.Response:
     except Exception:  # any failure to read the tree head means not ready
         checks["ledger_reachable"] = False
     ready = all(checks.values())
-    return web.json_response({"ready": ready, "checks": checks}, status=200 if ready else 503)
+    body: dict[str, Any] = {"ready": ready, "checks": checks}
+    if checks["ledger_reachable"]:
+        body["replica"] = await asyncio.to_thread(replica_status, request.app)
+    return web.json_response(body, status=200 if ready else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
@@ -40,12 +41,16 @@ class AnchorStatus:
 class AnchorWorker:
     def __init__(self, ledger: SqlLedger, anchor: Anchor, *, interval_s: float = 1.0,
                  max_backoff_s: float = 30.0, lag_slo_s: float = 10.0,
-                 policy: str = "keep-serving") -> None:
+                 policy: str = "keep-serving", leader: Callable[[], bool] | None = None
+                 ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}")
         self.ledger, self.anchor = ledger, anchor
         self.interval_s, self.max_backoff_s = interval_s, max_backoff_s
         self.lag_slo_s, self.policy = lag_slo_s, policy
+        # Several replicas on one log: only the one this says leads anchors (no race on
+        # the anchors table); None anchors unconditionally.
+        self.leader = leader
         self.failures = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -87,7 +92,8 @@ class AnchorWorker:
         wait = self.interval_s
         while not self._stop.wait(wait):
             try:
-                self.run_once()
+                if self.leader is None or self.leader():
+                    self.run_once()
                 self.failures, wait = 0, self.interval_s
             except BackendUnavailableError as exc:
                 self.failures += 1

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from inference_wrapper.server.app import KEYS, LEDGER, SETTINGS, SIGNER, create_app
+from inference_wrapper.server.app import INTEGRATOR, KEYS, LEDGER, SETTINGS, SIGNER, create_app
 from inference_wrapper.server.routes import ROUTES, openapi_document
 from inference_wrapper.server.settings import Settings
 from ledger import merkle
@@ -280,13 +280,22 @@ async def test_health_readiness_metrics(service: Any) -> None:
     client, tokens = service
     await generate(client, tokens["a"], max_new_tokens=2)
     assert (await client.get("/healthz")).status == 200
+    app = client.server.app
+    app[INTEGRATOR].seal_now()  # the only replica: it takes the lease and seals
     ready = await (await client.get("/readyz")).json()
+    replica = ready.pop("replica")
     assert ready == {"ready": True, "checks": {"model_loaded": True, "ledger_reachable": True,
                                                "anchoring_within_slo": True}}
+    assert replica["holds_lease"] is True and replica["id"] == app[INTEGRATOR].replica_id
+    assert replica["latest_sealed_by"] == replica["id"]
+    assert 0 <= replica["last_seal_age_s"] < 3600 and replica["origin"] == app[SETTINGS].origin
     text = await (await client.get("/metrics")).text()
     for name in ("audit_phase_seconds_bucket{le=", 'phase="forward"', 'phase="append"',
                  "audit_batch_size_count", "audit_queue_depth", "audit_checkpoint_lag_entries",
-                 "audit_anchor_lag_seconds", "audit_anchor_backlog_checkpoints"):
+                 "audit_anchor_lag_seconds", "audit_anchor_backlog_checkpoints",
+                 f'audit_lease_held{{replica="{replica["id"]}"}} 1.0',
+                 "audit_last_seal_age_seconds",
+                 f'audit_latest_checkpoint_sealed_by{{replica="{replica["id"]}"}} 1.0'):
         assert name in text, name
 
 

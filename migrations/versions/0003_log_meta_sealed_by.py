@@ -1,0 +1,40 @@
+"""Log identity and who sealed each checkpoint.
+
+- ``log_meta``: one row, written once when the log is created: its unique origin and the
+  verifier key of the key that signs it. Every replica that joins the log reads it.
+- ``checkpoints.sealed_by``: the replica that sealed the checkpoint (operators' view; it
+  is not part of the signed note).
+
+Revision ID: 0003_log_meta
+Revises: 0003
+
+(The brief asked for revision "0003" after "0001"; "0003" is already taken by the anchors
+migration on this branch, so this one chains after it under its own id. The lead re-chains.)
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0003_log_meta"
+down_revision = "0003"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "log_meta",
+        sa.Column("id", sa.Integer(), autoincrement=False, nullable=False),
+        sa.Column("origin", sa.Text(), nullable=False),
+        sa.Column("verifier_key", sa.Text(), nullable=False),
+        sa.Column("created_at", sa.DateTime(), nullable=False),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    op.add_column("checkpoints", sa.Column("sealed_by", sa.String(128), nullable=True))
+
+
+def downgrade() -> None:
+    # batch mode: SQLite cannot drop a column in place
+    with op.batch_alter_table("checkpoints") as batch:
+        batch.drop_column("sealed_by")
+    op.drop_table("log_meta")

@@ -50,67 +50,66 @@ class Lease(Protocol):
 
 
 class PostgresLease:
-    """A session-level advisory lock held on its own session, renewed by use."""
+    """A session-level advisory lock held on its own session, renewed by use.
+
+    Non-holders keep their session too and retry the lock on it each tick (no connection
+    churn); the server's idle-session timeout ends any session nobody uses.
+    """
 
     def __init__(self, ledger: SqlLedger, engine: Engine | None = None) -> None:
         self._engine = engine or make_engine(ledger.url, pg=ledger.pg, role="lease")
         self._conn: Connection | None = None
+        self._held = False
         self._guard = threading.Lock()  # the integrator and the anchor worker both ask
 
     @property
     def held(self) -> bool:
         """Whether this replica held the lease at its last check (no round trip)."""
-        return self._conn is not None
+        return self._held
 
     def try_acquire(self) -> bool:
         """Renew the lease if held (False if its session is gone), else try to take it."""
         with self._guard:
-            if self._conn is not None:
+            if self._conn is None:
                 try:
-                    self._conn.execute(text("SELECT 1"))  # alive, and the TTL starts again
-                    self._conn.commit()
-                    return True
+                    self._conn = self._engine.connect()
                 except Exception:
+                    log.warning("cannot reach the database to take the integrator lease")
+                    return False
+            try:
+                if self._held:
+                    self._conn.execute(text("SELECT 1"))  # alive, and the TTL starts again
+                else:
+                    self._held = bool(self._conn.execute(
+                        text("SELECT pg_try_advisory_lock(:k)"),
+                        {"k": INTEGRATOR_LOCK_KEY}).scalar())
+                    if self._held:
+                        log.info("took the integrator lease")
+                self._conn.commit()
+                return self._held
+            except Exception:
+                if self._held:
                     log.warning("lost the integrator lease: its database session ended")
-                    self._drop()
-                    return False  # never seal on the tick the lease was lost
-            try:
-                conn = self._engine.connect()
-            except Exception:
-                log.warning("cannot reach the database to take the integrator lease")
-                return False
-            try:
-                got = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"),
-                                        {"k": INTEGRATOR_LOCK_KEY}).scalar())
-                conn.commit()
-            except Exception:
-                conn.invalidate()
-                conn.close()
-                return False
-            if got:
-                self._conn = conn
-                log.info("took the integrator lease")
-            else:
-                conn.close()
-            return got
+                self._drop()
+                return False  # never seal on the tick the lease was lost
 
     def release(self) -> None:
         with self._guard:
-            if self._conn is not None:
+            if self._conn is not None and self._held:
                 try:
                     self._conn.execute(text("SELECT pg_advisory_unlock(:k)"),
                                        {"k": INTEGRATOR_LOCK_KEY})
                     self._conn.commit()
-                    self._conn.close()
                 except Exception:  # the session is gone, and the lock with it
-                    self._drop()
-                self._conn = None
+                    pass
+            self._drop()
 
     def dispose(self) -> None:
         self.release()
         self._engine.dispose()
 
     def _drop(self) -> None:
+        self._held = False
         if self._conn is not None:
             try:
                 self._conn.invalidate()

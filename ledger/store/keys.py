@@ -179,3 +179,28 @@ def _check_signs(signer: NoteSigner, note: bytes, size: int, origin: str, where:
         raise LogIdentityError(
             where, f"the key (hash {signer.key_hash.hex()}) did not sign this log's latest "
             f"checkpoint (size {size}, origin {origin!r}): {exc}") from exc
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ledger.store.keys PATH``: create a new log signing key file (0600).
+
+    For replicas that get the key from a read-only secret mount: create it once, then
+    distribute it. Its name is a placeholder; the key signs under the log's origin.
+    """
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m ledger.store.keys PATH", file=sys.stderr)
+        return 2
+    path = Path(args[0])
+    if path.exists():
+        print(f"{path} exists; refusing to overwrite a signing key", file=sys.stderr)
+        return 2
+    signer = load_or_create_signer(path, "audit-ledger.local/log")
+    print(f"created {path} (key hash {signer.key_hash.hex()}); keep it secret")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

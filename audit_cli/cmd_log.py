@@ -47,10 +47,19 @@ def _verifier(args: argparse.Namespace, key_file: Path, origin: str | None = Non
 
 
 def _log_origin(url: str) -> str | None:
+    """The origin stored in the log, if there is a log there to ask (public-key works
+    from the key file alone too)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
     from ledger.store.sql import SqlLedger
 
-    with SqlLedger(url) as ledger:
-        meta = ledger.log_meta()
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
+        return None  # do not create an empty database just to ask it
+    try:
+        with SqlLedger(url) as ledger:
+            meta = ledger.log_meta()
+    except SQLAlchemyError:
+        return None
     return meta.origin if meta else None
 
 

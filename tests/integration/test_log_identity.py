@@ -94,7 +94,8 @@ def test_a_log_from_before_stored_origins_keeps_its_origin(ledger_url: str,
         assert stored is not None and stored.origin == "audit-ledger.local/log"
 
 
-def test_two_logs_under_one_home_cannot_be_confused(tmp_path: Path, make_pg_database) -> None:  # type: ignore[no-untyped-def]
+def test_two_logs_under_one_home_cannot_be_confused(tmp_path: Path, make_pg_database,  # type: ignore[no-untyped-def]
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
     key = tmp_path / "log.key"  # one key file shared by both logs
     sqlite_url = f"sqlite:///{tmp_path / 'ledger.db'}"
     pg_url = str(make_pg_database())
@@ -114,9 +115,13 @@ def test_two_logs_under_one_home_cannot_be_confused(tmp_path: Path, make_pg_data
         pg.signer.verifier().open_checkpoint(lite_note, pg.origin)
     with pytest.raises(SignatureError):
         lite.signer.verifier().open(pg_note)
-    # fsck with the shared key file checks each log under its own origin.
-    for url in (sqlite_url, pg_url):
+    # fsck with the shared key file checks each log under its own origin, and the
+    # public key an auditor pins from it is the one for that log.
+    for url, identity in ((sqlite_url, lite), (pg_url, pg)):
         assert main(["log", "--db", url, "--key-file", str(key), "fsck"]) == 0
+        capsys.readouterr()
+        assert main(["log", "--db", url, "--key-file", str(key), "public-key"]) == 0
+        assert capsys.readouterr().out.strip() == identity.signer.verifier().encode()
 
 
 def _foreign_key(tmp_path: Path) -> str:

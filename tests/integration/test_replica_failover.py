@@ -11,6 +11,7 @@ generous overall timeout.
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 import sys
@@ -20,7 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from ledger.anchor.local import LocalAnchor
+from ledger.anchor.worker import AnchorWorker
 from ledger.store.fsck import fsck
 from ledger.store.integrator import Integrator
 from ledger.store.keys import bind_to_origin, decode_signer_key, load_or_create_signer
@@ -286,3 +290,55 @@ def test_the_lease_moves_off_a_frozen_holder(make_pg_database, tmp_path: Path) -
         holder.send_signal(signal.SIGCONT)
         holder.kill()
         holder.wait()
+
+
+def _anchored_size(ledger: SqlLedger) -> int:
+    latest = LocalAnchor.latest_row(ledger)
+    return latest.size if latest else -1
+
+
+class CountingAnchor:
+    """The real local anchor, counting who called it."""
+
+    kind = "local"
+
+    def __init__(self, anchor: LocalAnchor) -> None:
+        self.inner, self.calls = anchor, 0
+
+    def anchor(self, note: bytes) -> object:
+        self.calls += 1
+        return self.inner.anchor(note)
+
+
+def test_only_the_lease_holder_anchors(make_pg_database, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    url = str(make_pg_database())
+    upgrade(url)
+    signer = load_or_create_signer(tmp_path / "log.key", "audit-ledger.test/log")
+    with SqlLedger(url) as a, SqlLedger(url) as b:
+        integrators = [Integrator(ledger, signer, signer.name, replica_id=name)
+                       for ledger, name in ((a, "a"), (b, "b"))]
+        assert [i.is_leader for i in integrators] == [True, False]
+        anchors = [CountingAnchor(LocalAnchor(ledger, signer.verifier(), signer.name))
+                   for ledger in (a, b)]
+        workers = [AnchorWorker(ledger, anchor, interval_s=0.02,
+                                leader=integrator.lease.try_acquire)
+                   for ledger, anchor, integrator in zip((a, b), anchors, integrators,
+                                                         strict=True)]
+        with caplog.at_level(logging.INFO):
+            for worker in workers:
+                worker.start()
+            try:
+                for n in range(5):  # five checkpoints, each anchored before the next
+                    a.append(make_record(n))
+                    sealed = integrators[0].seal_now()
+                    assert sealed is not None
+                    poll("the holder anchors",
+                         lambda size=sealed.size: _anchored_size(a) == size, [])
+            finally:
+                for worker in workers:
+                    worker.stop()
+        assert anchors[0].calls == 5 and anchors[1].calls == 0
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        for integrator in integrators:
+            integrator.lease.release()

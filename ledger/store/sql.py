@@ -96,7 +96,8 @@ class PgSessionSettings:
       wait on anything but the database between statements.
     - ``idle_in_transaction_s``: the same for request and tool sessions, which may read a
       result at the pace of a client.
-    - ``statement_timeout_s``: the longest one statement may run.
+    - ``statement_timeout_s``: the longest one statement of a request or tool session may
+      run (writer sessions have none: see ``make_engine``).
     - ``lease_ttl_s``: the lease session is ended by the server when it has not been
       renewed for this long (``idle_session_timeout``); the holder renews it at least
       three times per TTL, so another replica takes the lease at most this long (plus one
@@ -209,9 +210,13 @@ def make_engine(url: str, *, writer: bool = False, sqlite_synchronous: str = "FU
             idle_session_s=pg.lease_ttl_s))
     if role == "writer":
         # The writer thread, the integrator and anchor bookkeeping: few connections.
+        # No statement timeout here: a seal after a long pause marks every row since the
+        # last checkpoint in one UPDATE, and must not fail forever on a big backlog.
+        # Its lock waits are still bounded by lock_timeout.
         return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=2,
                              connect_args=pg.connect_args(
-                                 idle_in_transaction_s=pg.writer_idle_in_transaction_s))
+                                 idle_in_transaction_s=pg.writer_idle_in_transaction_s,
+                                 statement_timeout_s=0.0))
     return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10,
                          connect_args=pg.connect_args(
                              idle_in_transaction_s=pg.idle_in_transaction_s))

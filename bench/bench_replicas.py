@@ -1,6 +1,6 @@
 """1 vs 2 ``serve`` replicas on one PostgreSQL log: total throughput and p99, side by side.
 
-    .venv/bin/python bench/bench_replicas.py [--seconds 20] [--clients 16]
+    .venv/bin/python bench/bench_replicas.py [--seconds 20] [--clients 16] [--rounds 1]
 
 Each configuration gets a fresh PostgreSQL database (AUDIT_LEDGER_TEST_PG, default the
 local server), the tiny seeded model (1 new token per request) and one torch thread per
@@ -110,6 +110,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--configs", type=int, nargs="+", default=[1, 2],
+                        help="replica counts to run (default: 1 2)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat both configurations, alternating their order")
     args = parser.parse_args()
     from inference_wrapper.tiny import build_tiny_model
 
@@ -117,17 +121,26 @@ def main() -> None:
         workdir = Path(tmp)
         model_dir = workdir / "tiny" / "tiny-llama"
         build_tiny_model(model_dir)
-        results = {n: run_config(n, workdir, model_dir, args.seconds, args.clients)
-                   for n in (1, 2)}
-    print(f"\n{os.cpu_count()} CPUs; {args.clients} clients, {args.seconds:.0f} s per "
-          "configuration, tiny model, 1 new token, one PostgreSQL log")
-    print(f"{'replicas':>8} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'failed':>7}")
-    for n, r in results.items():
-        print(f"{n:>8} {r['rps']:>9.1f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
-              f"{int(r['failures']):>7}")
-    one, two = results[1], results[2]
-    print(f"2 / 1 replicas: throughput x{two['rps'] / one['rps']:.2f}, "
-          f"p99 x{two['p99_ms'] / one['p99_ms']:.2f}")
+        rounds = []
+        for round_no in range(args.rounds):
+            # Alternate the order: on a shared machine the load drifts between runs.
+            order = tuple(args.configs) if round_no % 2 == 0 else tuple(reversed(args.configs))
+            rounds.append({n: run_config(n, workdir, model_dir, args.seconds, args.clients)
+                           for n in order})
+    print(f"\n{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; {args.clients} "
+          f"clients, {args.seconds:.0f} s per configuration, tiny model, 1 new token, "
+          "one PostgreSQL log")
+    print(f"{'round':>5} {'replicas':>8} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'failed':>7}")
+    for round_no, results in enumerate(rounds, 1):
+        for n in sorted(results):
+            r = results[n]
+            print(f"{round_no:>5} {n:>8} {r['rps']:>9.1f} {r['p50_ms']:>8.1f} "
+                  f"{r['p99_ms']:>8.1f} {int(r['failures']):>7}")
+        if 1 not in results or 2 not in results:
+            continue
+        one, two = results[1], results[2]
+        print(f"{round_no:>5} 2 / 1 replicas: throughput x{two['rps'] / one['rps']:.2f}, "
+              f"p99 x{two['p99_ms'] / one['p99_ms']:.2f}")
     if (os.cpu_count() or 1) <= 4:
         print("note: replicas, PostgreSQL and the load generator share these few cores; "
               "the CPUs bound both figures, not the shared log")

@@ -6,6 +6,7 @@ read what it printed and look for errors afterwards.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -41,8 +42,8 @@ class Replica:
         except urllib.error.HTTPError as exc:
             body = json.loads(exc.read())
             return body
-        except OSError:
-            return None
+        except (OSError, http.client.HTTPException, ValueError):
+            return None  # not (yet) answering, or not answering HTTP
 
     def stop(self) -> int:
         if self.process.poll() is None:

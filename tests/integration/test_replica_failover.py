@@ -342,3 +342,32 @@ def test_only_the_lease_holder_anchors(make_pg_database, tmp_path: Path,  # type
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
         for integrator in integrators:
             integrator.lease.release()
+
+
+def test_every_postgres_session_has_bounded_waits(make_pg_database,  # type: ignore[no-untyped-def]
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from sqlalchemy import text
+
+    from inference_wrapper.server.settings import Settings
+    from ledger.store.sql import make_engine
+
+    url = str(make_pg_database())
+    monkeypatch.setenv("AUDIT_LEDGER_PG_LEASE_TTL_S", "7")
+    monkeypatch.setenv("AUDIT_LEDGER_PG_LOCK_TIMEOUT_S", "9.5")
+    pg = Settings.from_env().pg_session()
+    names = ("lock_timeout", "idle_in_transaction_session_timeout", "statement_timeout",
+             "idle_session_timeout", "tcp_keepalives_idle", "tcp_keepalives_count")
+    seen = {}
+    for role in ("request", "writer", "lease"):
+        engine = make_engine(url, pg=pg, role=role)
+        with engine.connect() as conn:
+            seen[role] = {n: conn.execute(text(f"SHOW {n}")).scalar() for n in names}
+        engine.dispose()
+    assert seen["request"] == {"lock_timeout": "9500ms",
+                               "idle_in_transaction_session_timeout": "30s",
+                               "statement_timeout": "1min", "idle_session_timeout": "0",
+                               "tcp_keepalives_idle": "5", "tcp_keepalives_count": "3"}
+    assert seen["writer"]["idle_in_transaction_session_timeout"] == "2s"
+    assert seen["writer"]["statement_timeout"] == "0"
+    assert seen["writer"]["lock_timeout"] == "9500ms"
+    assert seen["lease"]["idle_session_timeout"] == "7s"

@@ -82,7 +82,8 @@ def bind_to_origin(signer: NoteSigner, origin: str) -> NoteSigner:
     """The same key under the log's origin as its name."""
     if signer.name == origin:
         return signer
-    return NoteSigner(origin, signer._key)  # noqa: SLF001 - same module family, same key
+    # NoteSigner keeps its key private and offers no rename: build one from the same key.
+    return NoteSigner(origin, signer._key)
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,12 @@ def open_log_identity(ledger: SqlLedger, *, key_path: Path, key_text: str = "",
         raise LogIdentityError(ORIGIN_SETTING, f"is {origin!r} but this log's origin is "
                                f"{log_origin!r}; unset it or give the log's origin")
     chosen = log_origin or origin or new_origin(log_name)
-    signer, where, _ = _load_key(key_path, key_text, chosen,
-                                 may_create=stored is None and latest is None)
+    if not _valid_name(chosen):
+        setting = ORIGIN_SETTING if origin else "AUDIT_LEDGER_LOG_NAME"
+        raise LogIdentityError(setting, f"{chosen!r} is not a valid origin (no spaces or "
+                               "'+', not empty)")
+    signer, where = _load_key(key_path, key_text, chosen,
+                              may_create=stored is None and latest is None)
     signer = bind_to_origin(signer, chosen)
     created = False
     if stored is None:
@@ -150,12 +155,16 @@ def open_log_identity(ledger: SqlLedger, *, key_path: Path, key_text: str = "",
     return LogIdentity(chosen, signer, created)
 
 
+def _valid_name(origin: str) -> bool:
+    return bool(origin) and not any(c.isspace() or c == "+" for c in origin)
+
+
 def _load_key(path: Path, key_text: str, origin: str, *, may_create: bool
-              ) -> tuple[NoteSigner, str, bool]:
-    """(signer, the setting it came from, whether it was just created)."""
+              ) -> tuple[NoteSigner, str]:
+    """(signer, the setting it came from)."""
     if key_text:
         try:
-            return decode_signer_key(key_text.strip()), KEY_SETTING, False
+            return decode_signer_key(key_text.strip()), KEY_SETTING
         except ValueError as exc:
             raise LogIdentityError(KEY_SETTING, f"is not a signer key: {exc}") from exc
     path = Path(path)
@@ -164,9 +173,9 @@ def _load_key(path: Path, key_text: str, origin: str, *, may_create: bool
             raise LogIdentityError(KEY_PATH_SETTING, f"no signing key at {path}, and this "
                                    "log already exists: give this replica the log's key "
                                    "(a file or a secret mount)")
-        return load_or_create_signer(path, origin), KEY_PATH_SETTING, True
+        return load_or_create_signer(path, origin), KEY_PATH_SETTING
     try:
-        return decode_signer_key(path.read_text()), KEY_PATH_SETTING, False
+        return decode_signer_key(path.read_text()), KEY_PATH_SETTING
     except (OSError, ValueError) as exc:
         raise LogIdentityError(KEY_PATH_SETTING, f"cannot read a signer key from {path}: "
                                f"{exc}") from exc

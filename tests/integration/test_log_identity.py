@@ -76,6 +76,18 @@ def test_a_foreign_key_or_origin_is_refused(ledger_url: str, tmp_path: Path) -> 
     assert not (tmp_path / "nowhere").exists()  # no key was made up for an existing log
 
 
+def test_an_origin_that_cannot_name_a_key_is_refused(ledger_url: str, tmp_path: Path) -> None:
+    with SqlLedger(ledger_url) as ledger:
+        with pytest.raises(LogIdentityError) as given:
+            open_log_identity(ledger, key_path=tmp_path / "log.key", origin="my log")
+        with pytest.raises(LogIdentityError) as named:
+            open_log_identity(ledger, key_path=tmp_path / "log.key", log_name="a+b")
+        assert ledger.log_meta() is None
+    assert given.value.field == ORIGIN_SETTING and "not a valid origin" in str(given.value)
+    assert named.value.field == "AUDIT_LEDGER_LOG_NAME"
+    assert not (tmp_path / "log.key").exists()
+
+
 def test_a_log_from_before_stored_origins_keeps_its_origin(ledger_url: str,
                                                            tmp_path: Path) -> None:
     key = tmp_path / "log.key"

@@ -39,14 +39,34 @@ def _settings(args: argparse.Namespace) -> tuple[str, Path]:
     return args.db or settings.database_url, args.key_file or settings.log_key_path
 
 
-def _verifier(args: argparse.Namespace, key_file: Path) -> NoteVerifier:
+def _verifier(args: argparse.Namespace, key_file: Path, origin: str | None = None
+              ) -> NoteVerifier:
     if args.log_key:
         return pinned_verifier(args)
-    from ledger.store.keys import decode_signer_key
+    from ledger.store.keys import bind_to_origin, decode_signer_key
 
     if not key_file.is_file():
         raise InvalidInputError("--log-key", "give the pinned log key or --key-file")
-    return decode_signer_key(key_file.read_text()).verifier()
+    signer = decode_signer_key(key_file.read_text())
+    # One key may sign several logs: it signs each under that log's origin.
+    return (bind_to_origin(signer, origin) if origin else signer).verifier()
+
+
+def _log_origin(url: str) -> str | None:
+    """The origin stored in the log, if there is a log there to ask (public-key works
+    from the key file alone too)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from ledger.store.sql import SqlLedger
+
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
+        return None  # do not create an empty database just to ask it
+    try:
+        with SqlLedger(url) as ledger:
+            meta = ledger.log_meta()
+    except SQLAlchemyError:
+        return None
+    return meta.origin if meta else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
     url, key_file = _settings(args)
     if args.action == "public-key":
-        verifier = _verifier(args, key_file)
+        verifier = _verifier(args, key_file, None if args.log_key else _log_origin(url))
         print_json({"verifier_key": verifier.encode(), "origin": verifier.name}) if args.json \
             else print(verifier.encode())
         return 0
@@ -74,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
             return _consistency(args, ledger, _verifier(args, key_file))
         from ledger.store.fsck import fsck
 
-        report = fsck(ledger, _verifier(args, key_file), progress=progress_printer("checked"))
+        meta = None if args.log_key else ledger.log_meta()
+        report = fsck(ledger, _verifier(args, key_file, meta.origin if meta else None),
+                      progress=progress_printer("checked"))
     if args.json:
         print_json({"ok": report.ok, "tree_size": report.tree_size,
                     "records_checked": report.records_checked,

@@ -24,11 +24,11 @@ def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from inference_wrapper.generator import AuditedGenerator
-    from inference_wrapper.server.app import create_app
+    from inference_wrapper.server.app import create_app, open_identity
     from inference_wrapper.server.settings import Settings
     from ledger.store.apikeys import ApiKeyStore
     from ledger.store.migrate import upgrade
-    from ledger.store.sql import make_engine
+    from ledger.store.sql import SqlLedger, make_engine
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     settings = Settings.from_env(host=args.host, port=args.port,
@@ -39,7 +39,13 @@ def run(args: argparse.Namespace) -> int:
 
         Path(settings.database_url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     upgrade(settings.database_url)
-    engine = make_engine(settings.database_url)
+    # Refuse to start (exit 2, before loading the model) when this replica's key or
+    # origin is not the log's: it would seal checkpoints no verifier accepts.
+    with SqlLedger(settings.database_url, pg=settings.pg_session()) as ledger:
+        identity = open_identity(settings, ledger)
+    print(f"log origin {identity.origin} (key hash {identity.signer.key_hash.hex()}"
+          f"{', created' if identity.created else ''})", flush=True)
+    engine = make_engine(settings.database_url, pg=settings.pg_session())
     keys = ApiKeyStore(engine)
     if not keys.list():
         token, key = keys.create("default", "client")

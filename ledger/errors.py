@@ -129,3 +129,11 @@ class BackendConfigurationError(BackendError):
     def diagnostics(self) -> str:
         tail = f" (the backend said: {self.detail})" if self.detail else ""
         return f"{type(self).__name__}: {self}{tail}"
+
+
+class LogIdentityError(InvalidInputError):
+    """A replica's signing key or origin is not the log's: it must not start.
+
+    ``field`` names the setting to fix (``AUDIT_LEDGER_LOG_KEY_PATH``,
+    ``AUDIT_LEDGER_LOG_SIGNING_KEY`` or ``AUDIT_LEDGER_ORIGIN``); a usage error (exit 2).
+    """

@@ -14,6 +14,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +39,7 @@ from inference_wrapper.server.appkeys import (
 from inference_wrapper.server.content import vault_context
 from inference_wrapper.server.metrics import Metrics
 from inference_wrapper.server.problems import Problem, internal_error, problem_for
+from inference_wrapper.server.replica import last_seal
 from inference_wrapper.server.routes import OPENAI_PATHS, ROUTES, UNGATED_PATHS
 from inference_wrapper.server.settings import Settings
 from inference_wrapper.server.tracing import PhaseTracer
@@ -48,7 +50,7 @@ from ledger.checkpoint import NoteSigner
 from ledger.errors import LedgerError
 from ledger.store.apikeys import ApiKeyStore
 from ledger.store.integrator import Integrator
-from ledger.store.keys import load_or_create_signer
+from ledger.store.keys import LogIdentity, open_log_identity
 from ledger.store.migrate import upgrade
 from ledger.store.sql import SqlLedger
 
@@ -129,12 +131,26 @@ async def mark_shutting_down(app: web.Application) -> None:
     app[SHUTTING_DOWN].set()
 
 
+def open_identity(settings: Settings, ledger: SqlLedger) -> LogIdentity:
+    """The log's origin and signer; raises LogIdentityError when they are not this log's."""
+    return open_log_identity(ledger, key_path=settings.log_key_path,
+                             key_text=settings.log_signing_key, origin=settings.origin,
+                             log_name=settings.log_name)
+
+
 async def ledger_context(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     await asyncio.to_thread(upgrade, settings.database_url)
-    ledger = SqlLedger(settings.database_url).start()
+    ledger = SqlLedger(settings.database_url, pg=settings.pg_session()).start()
     app[LEDGER] = ledger
-    app[SIGNER] = load_or_create_signer(settings.log_key_path, settings.origin)
+    try:
+        identity = await asyncio.to_thread(open_identity, settings, ledger)
+    except BaseException:
+        await asyncio.to_thread(ledger.close)
+        raise
+    app[SIGNER] = identity.signer
+    # From here on settings.origin is the log's origin, whatever was configured.
+    app[SETTINGS] = replace(settings, origin=identity.origin)
     app[KEYS] = ApiKeyStore(ledger.engine)
     yield
     await asyncio.to_thread(ledger.close)
@@ -143,8 +159,11 @@ async def ledger_context(app: web.Application) -> AsyncIterator[None]:
 async def integrator_context(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     integrator = Integrator(app[LEDGER], app[SIGNER], settings.origin,
-                            interval_s=settings.checkpoint_interval_s).start()
+                            interval_s=settings.checkpoint_interval_s,
+                            replica_id=settings.replica_id or None).start()
     app[INTEGRATOR] = integrator
+    app[METRICS].bind_replica(integrator.replica_id, lambda: integrator.holds_lease,
+                              lambda: last_seal(app[LEDGER]))
     yield
     await asyncio.to_thread(integrator.stop)
 
@@ -172,9 +191,13 @@ def make_anchor(settings: Settings, ledger: SqlLedger, signer: NoteSigner) -> An
 async def anchor_context(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     anchor = await asyncio.to_thread(make_anchor, settings, app[LEDGER], app[SIGNER])
+    integrator = app[INTEGRATOR]
+    # One anchorer: the lease holder (checked live, so a replica that froze and lost its
+    # lease does not anchor on waking up).
     worker = AnchorWorker(app[LEDGER], anchor, interval_s=settings.anchor_interval_s,
                           lag_slo_s=settings.anchor_lag_slo_s,
-                          policy=settings.anchor_slo_policy).start()
+                          policy=settings.anchor_slo_policy,
+                          leader=integrator.lease.try_acquire).start()
     app[INTEGRATOR].subscribe(worker.wake)  # anchor each checkpoint as soon as it is sealed
     app[ANCHOR_WORKER] = worker
     metrics = app[METRICS]
@@ -182,8 +205,9 @@ async def anchor_context(app: web.Application) -> AsyncIterator[None]:
     metrics.anchor_backlog.set_function(lambda: float(worker.status().backlog))
     yield
     await asyncio.to_thread(worker.stop)
-    try:  # anchor what the final seal produced, if the anchor is reachable
-        await asyncio.to_thread(worker.run_once)
+    try:  # anchor what the final seal produced, if the anchor is reachable and we lead
+        if await asyncio.to_thread(integrator.lease.try_acquire):
+            await asyncio.to_thread(worker.run_once)
     except Exception:
         log.warning("could not anchor the last checkpoint at shutdown; it stays pending")
 

@@ -63,6 +63,33 @@ class GpuCollector(Collector):
                 pass
 
 
+class ReplicaCollector(Collector):
+    """Who holds the integrator lease and how fresh the log's latest seal is, at scrape."""
+
+    def __init__(self, replica_id: str, holds_lease: Callable[[], bool],
+                 last_seal: Callable[[], tuple[float | None, str | None]]) -> None:
+        self.replica_id, self.holds_lease, self.last_seal = replica_id, holds_lease, last_seal
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        held = GaugeMetricFamily("audit_lease_held", "1 if this replica holds the integrator "
+                                 "lease (it seals and anchors)", labels=["replica"])
+        held.add_metric([self.replica_id], 1.0 if self.holds_lease() else 0.0)
+        yield held
+        try:
+            age, sealed_by = self.last_seal()
+        except Exception:  # the database is unreachable: /readyz reports that
+            return
+        if age is not None:
+            yield GaugeMetricFamily("audit_last_seal_age_seconds",
+                                    "seconds since the log's latest checkpoint was sealed",
+                                    value=age)
+            by = GaugeMetricFamily("audit_latest_checkpoint_sealed_by",
+                                   "1, labelled with the replica that sealed the latest "
+                                   "checkpoint", labels=["replica"])
+            by.add_metric([sealed_by or "unknown"], 1.0)
+            yield by
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -122,3 +149,7 @@ class Metrics:
                      checkpoint_age: Callable[[], float]) -> None:
         self.in_model.set_function(in_model)
         self.checkpoint_age.set_function(checkpoint_age)
+
+    def bind_replica(self, replica_id: str, holds_lease: Callable[[], bool],
+                     last_seal: Callable[[], tuple[float | None, str | None]]) -> None:
+        self.registry.register(ReplicaCollector(replica_id, holds_lease, last_seal))

@@ -40,6 +40,7 @@ from inference_wrapper.server.content import (
     subject_from,
 )
 from inference_wrapper.server.problems import Problem, invalid
+from inference_wrapper.server.replica import replica_status
 from inference_wrapper.server.validation import (
     MAX_QUERY_INT,
     Field,
@@ -595,9 +596,11 @@ async def readyz(request: web.Request) -> web.Response:
     anchor_error = request.app[ANCHOR_WORKER].config_error
     checks["anchor_configured"] = anchor_error is None
     ready = all(checks.values())
-    body: dict[str, object] = {"ready": ready, "checks": checks}
+    body: dict[str, Any] = {"ready": ready, "checks": checks}
     if anchor_error is not None:
         body["anchor_error"] = anchor_error
+    if checks["ledger_reachable"]:
+        body["replica"] = await asyncio.to_thread(replica_status, request.app)
     return web.json_response(body, status=200 if ready else 503)
 
 

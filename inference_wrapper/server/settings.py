@@ -3,17 +3,37 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from inference_wrapper.defaults import DATA_HOME
+
+if TYPE_CHECKING:
+    from ledger.store.sql import PgSessionSettings
 
 
 @dataclass(frozen=True)
 class Settings:
     database_url: str = f"sqlite:///{DATA_HOME / 'ledger.db'}"
     log_key_path: Path = DATA_HOME / "log.key"
-    origin: str = "audit-ledger.local/log"
+    # The key itself (a PRIVATE+KEY line), e.g. from a secret; wins over log_key_path.
+    log_signing_key: str = field(default="", repr=False)
+    # Empty: the log's stored origin, or "<log_name>/<8 hex>" when the log is created.
+    # Set: must equal the log's origin (a replica refuses to start otherwise).
+    origin: str = ""
+    log_name: str = "audit-ledger.local/log"
+    # Names this replica in checkpoints.sealed_by, /readyz and /metrics (default host:pid).
+    replica_id: str = ""
+    # Bounded waits on PostgreSQL (see ledger.store.sql.PgSessionSettings); 0 turns off.
+    pg_lock_timeout_s: float = 10.0
+    pg_writer_idle_in_transaction_s: float = 2.0
+    pg_idle_in_transaction_s: float = 30.0
+    pg_statement_timeout_s: float = 60.0
+    pg_lease_ttl_s: float = 3.0
+    pg_keepalives_idle_s: int = 5
+    pg_keepalives_interval_s: int = 2
+    pg_keepalives_count: int = 3
     host: str = "127.0.0.1"
     port: int = 8080
     max_batch: int = 32
@@ -48,12 +68,26 @@ class Settings:
     def from_env(cls, **overrides: object) -> Settings:
         """``AUDIT_LEDGER_<FIELD>`` environment variables, then explicit overrides."""
         values: dict[str, object] = {}
-        for name, field in cls.__dataclass_fields__.items():
+        for name, spec in cls.__dataclass_fields__.items():
             raw = os.environ.get(f"AUDIT_LEDGER_{name.upper()}")
             if raw is not None:
-                kind = field.type if isinstance(field.type, type) else str(field.type)
+                kind = spec.type if isinstance(spec.type, type) else str(spec.type)
                 caster = {"int": int, "float": float, "Path": Path}.get(
                     kind if isinstance(kind, str) else kind.__name__, str)
                 values[name] = caster(raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
+
+    def pg_session(self) -> PgSessionSettings:
+        from ledger.store.sql import PgSessionSettings
+
+        return PgSessionSettings(
+            lock_timeout_s=self.pg_lock_timeout_s,
+            writer_idle_in_transaction_s=self.pg_writer_idle_in_transaction_s,
+            idle_in_transaction_s=self.pg_idle_in_transaction_s,
+            statement_timeout_s=self.pg_statement_timeout_s,
+            lease_ttl_s=self.pg_lease_ttl_s,
+            keepalives_idle_s=self.pg_keepalives_idle_s,
+            keepalives_interval_s=self.pg_keepalives_interval_s,
+            keepalives_count=self.pg_keepalives_count,
+        )

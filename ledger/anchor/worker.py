@@ -53,7 +53,8 @@ class AnchorWorker:
     def __init__(self, ledger: SqlLedger, anchor: Anchor, *, interval_s: float = 1.0,
                  max_backoff_s: float = 30.0, config_backoff_s: float = 300.0,
                  lag_slo_s: float = 10.0, policy: str = "keep-serving",
-                 store: AnchorStore | None = None) -> None:
+                 store: AnchorStore | None = None,
+                 leader: Callable[[], bool] | None = None) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}")
         self.ledger, self.anchor = ledger, anchor
@@ -62,6 +63,9 @@ class AnchorWorker:
         self.interval_s, self.max_backoff_s = interval_s, max_backoff_s
         self.config_backoff_s = config_backoff_s
         self.lag_slo_s, self.policy = lag_slo_s, policy
+        # Several replicas on one log: only the one this says leads anchors (no race on
+        # the anchors table); None anchors unconditionally.
+        self.leader = leader
         self.failures = 0
         self.prepared = False
         self.config_error: str | None = None  # shown by /readyz until anchoring works
@@ -126,7 +130,10 @@ class AnchorWorker:
                 break
             self._wake.clear()  # cleared BEFORE reading the newest checkpoint: no lost wake
             try:
-                self.run_once()
+                # Only the replica holding the sealing lease anchors (no races on the
+                # anchors table between replicas).
+                if self.leader is None or self.leader():
+                    self.run_once()
                 self.failures, wait, self.config_error = 0, self.interval_s, None
             except BackendConfigurationError as exc:
                 self.failures += 1

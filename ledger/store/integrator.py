@@ -1,7 +1,17 @@
 """The integrator: seals new log entries into signed checkpoints.
 
 Several replicas may share one PostgreSQL log; a lease (an advisory lock on PostgreSQL, a
-file lock beside a SQLite database) makes sure exactly one of them integrates at a time.
+file lock beside a SQLite database) makes sure exactly one of them integrates (and
+anchors) at a time. Safety never rests on the lease: the ``tree_state`` row lock orders
+seals, so two replicas that both believe they lead still seal each size once. The lease
+only keeps the work in one place, and it must move when its holder hangs.
+
+On PostgreSQL the lease is a session-level advisory lock held on its own unpooled
+session with ``idle_session_timeout = lease_ttl_s``; the holder renews it (a round trip
+on that session) at least three times per TTL. A holder that freezes (SIGSTOP, a stalled
+VM, a partition) stops renewing, the server ends its session, the lock is free, and
+another replica takes it on its next tick. The holder checks its session is alive before
+every seal, so a replica that wakes up after losing its session seals nothing.
 """
 
 from __future__ import annotations
@@ -9,58 +19,104 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from ledger.checkpoint import NoteSigner
-from ledger.store.sql import SqlLedger, StoredCheckpoint
+from ledger.errors import BackendError
+from ledger.store.sql import SqlLedger, StoredCheckpoint, make_engine
 
 log = logging.getLogger(__name__)
 INTEGRATOR_LOCK_KEY = 0x696E7465677261  # "integra"
 
 
+def default_replica_id() -> str:
+    """``host:pid``: unique among live replicas, readable in ``sealed_by``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 class Lease(Protocol):
     def try_acquire(self) -> bool: ...
     def release(self) -> None: ...
+    @property
+    def held(self) -> bool: ...
 
 
 class PostgresLease:
-    """A session-level advisory lock held on its own connection."""
+    """A session-level advisory lock held on its own session, renewed by use.
 
-    def __init__(self, ledger: SqlLedger) -> None:
-        self._ledger = ledger
+    Non-holders keep their session too and retry the lock on it each tick (no connection
+    churn); the server's idle-session timeout ends any session nobody uses.
+    """
+
+    def __init__(self, ledger: SqlLedger, engine: Engine | None = None) -> None:
+        self._engine = engine or make_engine(ledger.url, pg=ledger.pg, role="lease")
         self._conn: Connection | None = None
+        self._held = False
+        self._guard = threading.Lock()  # the integrator and the anchor worker both ask
+
+    @property
+    def held(self) -> bool:
+        """Whether this replica held the lease at its last check (no round trip)."""
+        return self._held
 
     def try_acquire(self) -> bool:
-        if self._conn is not None:
+        """Renew the lease if held (False if its session is gone), else try to take it."""
+        with self._guard:
+            if self._conn is None:
+                try:
+                    self._conn = self._engine.connect()
+                except Exception:
+                    log.warning("cannot reach the database to take the integrator lease")
+                    return False
             try:
-                self._conn.execute(text("SELECT 1"))  # the lock lives as long as this session
+                if self._held:
+                    self._conn.execute(text("SELECT 1"))  # alive, and the TTL starts again
+                else:
+                    self._held = bool(self._conn.execute(
+                        text("SELECT pg_try_advisory_lock(:k)"),
+                        {"k": INTEGRATOR_LOCK_KEY}).scalar())
+                    if self._held:
+                        log.info("took the integrator lease")
                 self._conn.commit()
-                return True
+                return self._held
             except Exception:
-                self._conn.invalidate()
-                self._conn = None
-        conn = self._ledger.engine.connect()
-        got = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"),
-                                {"k": INTEGRATOR_LOCK_KEY}).scalar())
-        conn.commit()
-        if got:
-            self._conn = conn
-        else:
-            conn.close()
-        return got
+                if self._held:
+                    log.warning("lost the integrator lease: its database session ended")
+                self._drop()
+                return False  # never seal on the tick the lease was lost
 
     def release(self) -> None:
+        with self._guard:
+            if self._conn is not None and self._held:
+                try:
+                    self._conn.execute(text("SELECT pg_advisory_unlock(:k)"),
+                                       {"k": INTEGRATOR_LOCK_KEY})
+                    self._conn.commit()
+                except Exception:  # the session is gone, and the lock with it
+                    pass
+            self._drop()
+
+    def dispose(self) -> None:
+        self.release()
+        self._engine.dispose()
+
+    def _drop(self) -> None:
+        self._held = False
         if self._conn is not None:
-            # A pooled connection outlives close(): unlock explicitly.
-            self._conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": INTEGRATOR_LOCK_KEY})
-            self._conn.commit()
-            self._conn.close()
+            try:
+                self._conn.invalidate()
+                self._conn.close()
+            except Exception:
+                pass
             self._conn = None
 
 
@@ -70,6 +126,10 @@ class FileLease:
     def __init__(self, path: Path) -> None:
         self._path = path
         self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
 
     def try_acquire(self) -> bool:
         if self._fd is not None:
@@ -97,15 +157,22 @@ def lease_for(ledger: SqlLedger) -> Lease:
 
 
 class Integrator:
-    """Seals a checkpoint every ``interval_s`` while it holds the lease, and on demand."""
+    """Seals a checkpoint every ``interval_s`` while it holds the lease, and on demand.
+
+    The loop wakes at least three times per lease TTL to renew (or try to take) the
+    lease, and seals when ``interval_s`` has passed since its last seal.
+    """
 
     def __init__(self, ledger: SqlLedger, signer: NoteSigner, origin: str,
-                 interval_s: float = 1.0, lease: Lease | None = None) -> None:
+                 interval_s: float = 1.0, lease: Lease | None = None,
+                 replica_id: str | None = None) -> None:
         self.ledger = ledger
         self.signer = signer
         self.origin = origin
         self.interval_s = interval_s
         self.lease = lease or lease_for(ledger)
+        self.replica_id = replica_id or default_replica_id()
+        self._tick_s = min(interval_s, ledger.pg.lease_ttl_s / 3)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._on_seal: list[Callable[[StoredCheckpoint], None]] = []
@@ -117,13 +184,20 @@ class Integrator:
 
     @property
     def is_leader(self) -> bool:
+        """Renew or take the lease now (a round trip); True if this replica holds it."""
         return self.lease.try_acquire()
+
+    @property
+    def holds_lease(self) -> bool:
+        """The lease state at the last check, without a round trip (for /readyz)."""
+        return self.lease.held
 
     def seal_now(self) -> StoredCheckpoint | None:
         """Seal the current head if this replica holds the lease and the tree grew."""
-        if not self.lease.try_acquire():
+        if not self.lease.try_acquire():  # also proves the lease session is alive
             return None
-        sealed = self.ledger.seal_checkpoint(self.signer, self.origin)
+        sealed = self.ledger.seal_checkpoint(self.signer, self.origin,
+                                             sealed_by=self.replica_id)
         if sealed is not None:
             for callback in self._on_seal:
                 callback(sealed)
@@ -142,10 +216,20 @@ class Integrator:
             self.seal_now()  # seal what the last appends added before going away
         finally:
             self.lease.release()
+            if isinstance(self.lease, PostgresLease):
+                self.lease.dispose()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        last_seal = 0.0
+        while not self._stop.wait(self._tick_s):
             try:
-                self.seal_now()
-            except Exception:  # keep integrating after a transient database error
+                if time.monotonic() - last_seal >= self.interval_s:
+                    last_seal = time.monotonic()
+                    self.seal_now()
+                else:
+                    self.lease.try_acquire()  # renew between seals
+            except (DBAPIError, BackendError) as exc:  # expected: a peer froze, a failover
+                log.warning("sealing a checkpoint failed (%s: %s); retrying",
+                            type(exc).__name__, str(exc).splitlines()[0][:200])
+            except Exception:  # a bug: keep integrating, but show where it came from
                 log.exception("sealing a checkpoint failed; retrying")

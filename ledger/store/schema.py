@@ -6,6 +6,8 @@ Alembic migrations in ``migrations/``; a test checks the two agree.
 - ``tree_state`` is the sequencer: one row holding the size and root, locked by each
   appending transaction.
 - ``checkpoints`` are the signed notes, one per sealed size.
+- ``log_meta`` is the log's identity: its unique origin and the verifier key of its
+  signing key, fixed when the log is created.
 - ``records`` is the auditors' mirror: typed, indexed columns and the exact canonical
   bytes that were hashed.
 """
@@ -53,6 +55,17 @@ checkpoints = Table(
     Column("root", LargeBinary(32), nullable=False),
     Column("note", LargeBinary, nullable=False),
     Column("sealed_at", DateTime, nullable=False),
+    Column("sealed_by", String(128)),  # the replica that sealed it (not in the signed note)
+)
+
+# One row (id 1), written once when the log is created: its origin and verifier key.
+log_meta = Table(
+    "log_meta",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("origin", Text, nullable=False),
+    Column("verifier_key", Text, nullable=False),
+    Column("created_at", DateTime, nullable=False),
 )
 
 records = Table(

@@ -5,6 +5,11 @@ One writer thread per process drains a queue of pending appends into one transac
 (``BEGIN IMMEDIATE`` on SQLite, ``SELECT ... FOR UPDATE`` on PostgreSQL), so appends from
 several processes sharing one database are numbered with no gap and no duplicate. Each
 append's future resolves only after its transaction has committed.
+
+Every PostgreSQL session has bounded waits (``PgSessionSettings``): a lock wait, an idle
+transaction and a statement all end after a set time, and TCP keepalives notice a peer
+that vanished. A replica that freezes while it holds ``tree_state`` therefore stops the
+others only until its idle transaction is ended by the server (2 s by default).
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.pool import NullPool
 
 from ledger import merkle
 from ledger.checkpoint import Checkpoint, NoteSigner
@@ -41,7 +47,7 @@ from ledger.errors import (
     InvalidInputError,
 )
 from ledger.record import AuditRecord, mirror_columns
-from ledger.store.schema import checkpoints, records, tree_state
+from ledger.store.schema import checkpoints, log_meta, records, tree_state
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +71,84 @@ class StoredCheckpoint:
     root: bytes
     note: bytes
     sealed_at: datetime
+    sealed_by: str | None = None  # the replica that sealed it; not part of the signed note
+
+
+@dataclass(frozen=True)
+class LogMeta:
+    """The log's identity, fixed when it was created."""
+
+    origin: str
+    verifier_key: str  # the signed-note verifier key (name = origin) of its signing key
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class PgSessionSettings:
+    """Bounds on every wait of a PostgreSQL session (seconds; 0 turns one off).
+
+    - ``lock_timeout_s``: the longest a statement waits for a row or table lock. It must
+      exceed ``writer_idle_in_transaction_s``: a writer waiting behind a frozen peer gets
+      the lock once the server has ended that peer's idle transaction.
+    - ``writer_idle_in_transaction_s``: the server ends a writer (append, seal) session
+      that sits idle inside a transaction this long: a frozen or partitioned replica
+      releases the ``tree_state`` row lock after at most this. Writer transactions never
+      wait on anything but the database between statements.
+    - ``idle_in_transaction_s``: the same for request and tool sessions, which may read a
+      result at the pace of a client.
+    - ``statement_timeout_s``: the longest one statement of a request or tool session may
+      run (writer sessions have none: see ``make_engine``).
+    - ``lease_ttl_s``: the lease session is ended by the server when it has not been
+      renewed for this long (``idle_session_timeout``); the holder renews it at least
+      three times per TTL, so another replica takes the lease at most this long (plus one
+      integrator tick) after the holder froze.
+    - ``keepalives_*``: libpq TCP keepalives and ``tcp_user_timeout``, so a vanished
+      server (or network path) is noticed by the client in about
+      ``idle + interval * count`` seconds instead of the kernel's two hours.
+    """
+
+    lock_timeout_s: float = 10.0
+    writer_idle_in_transaction_s: float = 2.0
+    idle_in_transaction_s: float = 30.0
+    statement_timeout_s: float = 60.0
+    lease_ttl_s: float = 3.0
+    keepalives_idle_s: int = 5
+    keepalives_interval_s: int = 2
+    keepalives_count: int = 3
+
+    def connect_args(self, *, idle_in_transaction_s: float, idle_session_s: float = 0.0,
+                     statement_timeout_s: float | None = None) -> dict[str, Any]:
+        """libpq connection parameters: keepalives and the session GUCs as ``options``."""
+        statement = self.statement_timeout_s if statement_timeout_s is None \
+            else statement_timeout_s
+        gucs = {
+            "lock_timeout": self.lock_timeout_s,
+            "idle_in_transaction_session_timeout": idle_in_transaction_s,
+            "statement_timeout": statement,
+            "idle_session_timeout": idle_session_s,
+            # The server's side of keepalives: it notices a vanished client too.
+            "tcp_keepalives_idle": self.keepalives_idle_s,
+            "tcp_keepalives_interval": self.keepalives_interval_s,
+            "tcp_keepalives_count": self.keepalives_count,
+        }
+        options = " ".join(
+            f"-c {name}={_pg_ms(value) if name.endswith('timeout') else int(value)}"
+            for name, value in gucs.items()
+        )
+        dead_after_s = self.keepalives_idle_s + self.keepalives_interval_s * self.keepalives_count
+        return {
+            "options": options,
+            "keepalives": 1,
+            "keepalives_idle": self.keepalives_idle_s,
+            "keepalives_interval": self.keepalives_interval_s,
+            "keepalives_count": self.keepalives_count,
+            "tcp_user_timeout": int(dead_after_s * 1000),
+            "connect_timeout": max(2, int(self.lock_timeout_s)),
+        }
+
+
+def _pg_ms(seconds: float) -> int:
+    return max(0, int(seconds * 1000))
 
 
 @dataclass(frozen=True)
@@ -87,11 +171,16 @@ def parse_timestamp(text: str) -> datetime:
     return moment
 
 
-def make_engine(url: str, *, writer: bool = False, sqlite_synchronous: str = "FULL") -> Engine:
+def make_engine(url: str, *, writer: bool = False, sqlite_synchronous: str = "FULL",
+                pg: PgSessionSettings | None = None, role: str = "request") -> Engine:
     """An engine with the pragmas a durable journal needs.
 
     ``sqlite_synchronous``: FULL (default) makes each commit survive power loss; NORMAL
     survives a process crash but may lose the last commits on power loss.
+
+    On PostgreSQL ``role`` picks the session bounds (see ``PgSessionSettings``):
+    "request" (pooled, for reads and tools), "writer" (appends and seals: a short idle
+    transaction timeout) or "lease" (unpooled; idle sessions end after the lease TTL).
     """
     if sqlite_synchronous not in ("FULL", "NORMAL"):
         raise ValueError("sqlite_synchronous is FULL or NORMAL")
@@ -114,8 +203,25 @@ def make_engine(url: str, *, writer: bool = False, sqlite_synchronous: str = "FU
             connection.exec_driver_sql("BEGIN IMMEDIATE" if writer else "BEGIN")
 
         return engine
+    pg = pg or PgSessionSettings()
+    if role == "lease":
+        # Unpooled: the idle-session timeout must never follow a connection into a pool.
+        return create_engine(url, poolclass=NullPool, hide_parameters=True,
+                             connect_args=pg.connect_args(
+                                 idle_in_transaction_s=pg.writer_idle_in_transaction_s,
+                                 idle_session_s=pg.lease_ttl_s))
+    if role == "writer":
+        # The writer thread, the integrator and anchor bookkeeping: few connections.
+        # No statement timeout here: a seal after a long pause marks every row since the
+        # last checkpoint in one UPDATE, and must not fail forever on a big backlog.
+        # Its lock waits are still bounded by lock_timeout.
+        return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=2,
+                             hide_parameters=True, connect_args=pg.connect_args(
+                                 idle_in_transaction_s=pg.writer_idle_in_transaction_s,
+                                 statement_timeout_s=0.0))
     return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10,
-                         hide_parameters=True)
+                         hide_parameters=True, connect_args=pg.connect_args(
+                             idle_in_transaction_s=pg.idle_in_transaction_s))
 
 
 class _Pending:
@@ -144,14 +250,14 @@ def _settle(outcomes: list[tuple[asyncio.Future[Receipt], Receipt | BaseExceptio
 class SqlLedger:
     """Journal, tree, checkpoints and mirror in one SQL database."""
 
-    def __init__(self, url: str, *, sqlite_synchronous: str = "FULL") -> None:
+    def __init__(self, url: str, *, sqlite_synchronous: str = "FULL",
+                 pg: PgSessionSettings | None = None) -> None:
         self.url = url
         self.is_postgres = url.startswith("postgresql")
-        self.engine = make_engine(url)
-        self._writer_engine = (
-            make_engine(url, writer=True, sqlite_synchronous=sqlite_synchronous)
-            if not self.is_postgres else self.engine
-        )
+        self.pg = pg or PgSessionSettings()
+        self.engine = make_engine(url, pg=self.pg)
+        self._writer_engine = make_engine(url, writer=True, sqlite_synchronous=sqlite_synchronous,
+                                          pg=self.pg, role="writer")
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._compact: merkle.CompactRange | None = None
         self._thread: threading.Thread | None = None
@@ -187,8 +293,7 @@ class SqlLedger:
             self._queue.put(None)
             thread.join()
         self.engine.dispose()
-        if self._writer_engine is not self.engine:
-            self._writer_engine.dispose()
+        self._writer_engine.dispose()
 
     def __enter__(self) -> SqlLedger:
         return self.start()
@@ -372,10 +477,13 @@ class SqlLedger:
 
     # --- checkpoints ----------------------------------------------------------------
 
-    def seal_checkpoint(self, signer: NoteSigner, origin: str) -> StoredCheckpoint | None:
+    def seal_checkpoint(self, signer: NoteSigner, origin: str,
+                        sealed_by: str | None = None) -> StoredCheckpoint | None:
         """Sign the current tree head if it grew since the last checkpoint.
 
-        Also marks the mirror rows the new checkpoint is the first to cover.
+        Also marks the mirror rows the new checkpoint is the first to cover. Safe to call
+        from several replicas at once: the ``tree_state`` row lock orders them, and the
+        later one finds nothing new to seal.
         """
         with self._writer_engine.begin() as conn:
             head = select(tree_state.c.size, tree_state.c.root).where(tree_state.c.id == 1)
@@ -388,13 +496,13 @@ class SqlLedger:
             note = signer.sign_checkpoint(Checkpoint(origin, int(size), bytes(root)))
             sealed_at = datetime.now(UTC).replace(tzinfo=None)
             conn.execute(insert(checkpoints).values(size=size, root=root, note=note,
-                                                    sealed_at=sealed_at))
+                                                    sealed_at=sealed_at, sealed_by=sealed_by))
             conn.execute(
                 update(records)
                 .where(records.c.leaf_index >= (last or 0), records.c.leaf_index < size)
                 .values(checkpoint_size=size)
             )
-        return StoredCheckpoint(int(size), bytes(root), note, sealed_at)
+        return StoredCheckpoint(int(size), bytes(root), note, sealed_at, sealed_by)
 
     def latest_checkpoint(self) -> StoredCheckpoint | None:
         with self.engine.connect() as conn:
@@ -432,6 +540,27 @@ class SqlLedger:
                 .values(anchor_ref=anchor_ref)
             )
         return int(result.rowcount or 0)
+
+    # --- the log's identity -----------------------------------------------------------
+
+    def log_meta(self) -> LogMeta | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(log_meta).where(log_meta.c.id == 1)).first()
+        return LogMeta(row.origin, row.verifier_key, row.created_at) if row else None
+
+    def create_log_meta(self, origin: str, verifier_key: str) -> LogMeta:
+        """Record the log's identity unless a replica did first; returns the stored one."""
+        created_at = datetime.now(UTC).replace(tzinfo=None)
+        try:
+            with self._writer_engine.begin() as conn:
+                conn.execute(insert(log_meta).values(id=1, origin=origin,
+                                                     verifier_key=verifier_key,
+                                                     created_at=created_at))
+        except IntegrityError:
+            pass  # another replica created the log first: its identity stands
+        stored = self.log_meta()
+        assert stored is not None
+        return stored
 
     # --- the mirror -----------------------------------------------------------------
 
@@ -544,7 +673,8 @@ def _read_nodes(conn: Connection, keys: Sequence[merkle.Node]) -> dict[merkle.No
 
 
 def _checkpoint(row: Any) -> StoredCheckpoint:
-    return StoredCheckpoint(int(row.size), bytes(row.root), bytes(row.note), row.sealed_at)
+    return StoredCheckpoint(int(row.size), bytes(row.root), bytes(row.note), row.sealed_at,
+                            row.sealed_by)
 
 
 def _record_row(row: Any) -> RecordRow:

@@ -13,7 +13,15 @@ import pytest
 from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from inference_wrapper.server.app import GENERATOR, KEYS, LEDGER, SETTINGS, SIGNER, create_app
+from inference_wrapper.server.app import (
+    GENERATOR,
+    INTEGRATOR,
+    KEYS,
+    LEDGER,
+    SETTINGS,
+    SIGNER,
+    create_app,
+)
 from inference_wrapper.server.routes import ROUTES, openapi_document
 from inference_wrapper.server.settings import Settings
 from ledger import merkle
@@ -284,12 +292,16 @@ async def test_health_readiness_metrics(service: Any) -> None:
     client, tokens = service
     await generate(client, tokens["a"], max_new_tokens=2)
     assert (await client.get("/healthz")).status == 200
+    app = client.server.app
+    app[INTEGRATOR].seal_now()  # the only replica: it takes the lease and seals
     ready = await (await client.get("/readyz")).json()
+    replica = ready.pop("replica")
     assert ready == {"ready": True, "checks": {"model_loaded": True, "ledger_reachable": True,
                                                "anchoring_within_slo": True,
                                                "anchor_configured": True}}
-    app = client.server.app
-    app[LEDGER].seal_checkpoint(app[SIGNER], app[SETTINGS].origin)
+    assert replica["holds_lease"] is True and replica["id"] == app[INTEGRATOR].replica_id
+    assert replica["latest_sealed_by"] == replica["id"]
+    assert 0 <= replica["last_seal_age_s"] < 3600 and replica["origin"] == app[SETTINGS].origin
     text = await (await client.get("/metrics")).text()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in text_string_to_metric_families(text) for s in family.samples}
@@ -314,8 +326,10 @@ async def test_health_readiness_metrics(service: Any) -> None:
     assert value("process_cpu_seconds_total") > 0  # the process collector
     for name in ("audit_batch_size_count", "audit_queue_depth",
                  "audit_checkpoint_lag_entries", "audit_anchor_lag_seconds",
-                 "audit_anchor_backlog_checkpoints"):
+                 "audit_anchor_backlog_checkpoints", "audit_last_seal_age_seconds"):
         assert (name, ()) in samples, name
+    assert value("audit_lease_held", replica=replica["id"]) == 1
+    assert value("audit_latest_checkpoint_sealed_by", replica=replica["id"]) == 1
 
 
 async def test_openapi_matches_the_routes(service: Any) -> None:

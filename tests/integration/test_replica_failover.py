@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from ledger.anchor.local import LocalAnchor
+from ledger.anchor.store import SqlAnchorStore
 from ledger.anchor.worker import AnchorWorker
 from ledger.store.fsck import fsck
 from ledger.store.integrator import Integrator
@@ -178,7 +179,7 @@ def test_sigstop_of_the_lease_holder_under_load(tmp_path: Path, tiny_model_dir: 
         assert report.ok, report.findings[:3]
         sealers = {c.sealed_by for c in ledger.iter_checkpoints()}
         assert survivor.name in sealers, sealers
-        anchored = LocalAnchor.latest_row(ledger)
+        anchored = SqlAnchorStore(ledger).latest()
         assert anchored is not None and anchored.size > 0  # anchoring ran, and...
     for replica in replicas:  # ...only one replica anchored at a time: no collisions
         output = replica.output()
@@ -293,7 +294,7 @@ def test_the_lease_moves_off_a_frozen_holder(make_pg_database, tmp_path: Path) -
 
 
 def _anchored_size(ledger: SqlLedger) -> int:
-    latest = LocalAnchor.latest_row(ledger)
+    latest = SqlAnchorStore(ledger).latest()
     return latest.size if latest else -1
 
 
@@ -304,6 +305,9 @@ class CountingAnchor:
 
     def __init__(self, anchor: LocalAnchor) -> None:
         self.inner, self.calls = anchor, 0
+
+    def prepare(self) -> None:
+        self.inner.prepare()
 
     def anchor(self, note: bytes) -> object:
         self.calls += 1

@@ -35,6 +35,7 @@ class PreparedRequest:
     parse_span_ns: tuple[int, int] = (0, 0)  # wall clock, for tracing
     input_salt: bytes = field(default_factory=new_salt, repr=False)
     output_salt: bytes = field(default_factory=new_salt, repr=False)
+    stream_start_id: str | None = None  # a streamed request's start record
 
 
 @dataclass(frozen=True)
@@ -240,12 +241,15 @@ class AuditedGenerator:
                     "padding_applied": padding,
                 },
             )
+            data_members = data.to_dict()
+            if request.stream_start_id is not None:
+                data_members["stream_start_record_id"] = request.stream_start_id
             record = build_record(
                 tenant=request.tenant,
                 model=self._model,
                 hardware=self._hardware,
                 software=self._software,
-                data=data.to_dict(),
+                data=data_members,
                 timings_ms={"parse": request.parse_ms, **batch.timings_ms},
             )
             results.append(
@@ -253,6 +257,18 @@ class AuditedGenerator:
                               batch.output_ids[row])
             )
         return results
+
+    def stream_start(self, request: PreparedRequest, route: str) -> AuditRecord:
+        """The start record of a streamed request: input commitment, fingerprints and
+        parameters, committed before any of its tokens leaves the server."""
+        from ledger.stream_record import build_stream_start
+
+        return build_stream_start(
+            tenant=request.tenant, model=self._model, hardware=self._hardware,
+            software=self._software,
+            input_commitment=commit_text(request.input_salt, request.prompt),
+            input_bytes=len(request.prompt.encode("utf-8")),
+            generation=request.params.to_dict(), route=route)
 
     # --- conveniences ---------------------------------------------------------------
 

@@ -113,3 +113,12 @@ class BackendUnavailableError(BackendError):
 
 class DuplicateRecordError(BackendError):
     """A different record already holds this record id."""
+
+
+class WorkerDiedError(BackendUnavailableError):
+    """A background worker of the service (writer, batcher, integrator, anchor worker)
+    stopped for good; ``worker`` names it. The service answers 503 and exits."""
+
+    def __init__(self, worker: str) -> None:
+        super().__init__(f"the {worker} worker has stopped; the service is restarting")
+        self.worker = worker

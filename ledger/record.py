@@ -18,6 +18,7 @@ from typing import Any
 from ledger import merkle
 from ledger.canonical import Canonical, canonical_bytes, canonical_object, parse_canonical
 from ledger.errors import CanonicalFormError
+from ledger.stream_record import STREAM_START_SCHEMA, validate_stream_start
 
 RECORD_SCHEMA = "audit-record/v1"
 REQUIRED_SECTIONS = ("model", "hardware", "software", "data", "timings_ms")
@@ -130,6 +131,7 @@ def _validate_audit_record(body: Mapping[str, Any]) -> None:
 # pure modules of their own and listed here, so that a verifier knows all of them.
 LEAF_KINDS: dict[str, Callable[[Mapping[str, Any]], None]] = {
     RECORD_SCHEMA: _validate_audit_record,
+    STREAM_START_SCHEMA: validate_stream_start,
 }
 
 

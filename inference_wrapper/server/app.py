@@ -16,20 +16,26 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import Gauge
 
 from inference_wrapper.batcher import Batcher
 from inference_wrapper.generator import AuditedGenerator
+from inference_wrapper.server import logging_setup
+from inference_wrapper.server.idempotency import Idempotency
 from inference_wrapper.server.metrics import Metrics
 from inference_wrapper.server.problems import Problem
 from inference_wrapper.server.settings import Settings
+from inference_wrapper.server.supervisor import Lifecycle, Supervisor
 from inference_wrapper.server.tracing import PhaseTracer
 from ledger.anchor.local import LocalAnchor
 from ledger.anchor.worker import AnchorWorker
 from ledger.checkpoint import NoteSigner
+from ledger.errors import WorkerDiedError
 from ledger.store.apikeys import ApiKeyStore
 from ledger.store.integrator import Integrator
 from ledger.store.keys import load_or_create_signer
 from ledger.store.migrate import upgrade
+from ledger.store.receipts import ReceiptStore
 from ledger.store.sql import SqlLedger
 
 log = logging.getLogger("audit_ledger.http")
@@ -44,6 +50,9 @@ BATCHER = web.AppKey("batcher", Batcher)
 METRICS = web.AppKey("metrics", Metrics)
 TRACER = web.AppKey("tracer", PhaseTracer)
 ANCHOR_WORKER = web.AppKey("anchor_worker", AnchorWorker)
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+SUPERVISOR = web.AppKey("supervisor", Supervisor)
+IDEMPOTENCY = web.AppKey("idempotency", Idempotency)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -81,9 +90,34 @@ async def ledger_context(app: web.Application) -> AsyncIterator[None]:
     ledger = SqlLedger(settings.database_url).start()
     app[LEDGER] = ledger
     app[SIGNER] = load_or_create_signer(settings.log_key_path, settings.origin)
-    app[KEYS] = ApiKeyStore(ledger.engine)
+    keys = ApiKeyStore(ledger.engine, cache_ttl_s=settings.api_key_cache_ttl_s)
+    await asyncio.to_thread(keys.start_refresh)  # requests authenticate from memory
+    app[KEYS] = keys
     yield
+    await asyncio.to_thread(keys.stop_refresh)
     await asyncio.to_thread(ledger.close)
+
+
+async def receipts_context(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    store = ReceiptStore(app[LEDGER].engine, ttl_s=settings.idempotency_ttl_s)
+    idempotency = Idempotency(store, settings.request_timeout_s)
+    app[IDEMPOTENCY] = idempotency
+
+    async def purge() -> None:
+        while True:
+            try:
+                purged = await asyncio.to_thread(store.purge)
+                if purged:
+                    log.info("purged %d expired idempotency receipts", purged)
+            except Exception:  # the database is away; try again next time
+                log.warning("could not purge expired idempotency receipts")
+            await asyncio.sleep(settings.idempotency_purge_interval_s)
+
+    purger = asyncio.get_running_loop().create_task(purge(), name="receipts-purge")
+    yield
+    purger.cancel()
+    await idempotency.settle()  # answers still being stored are stored before closing
 
 
 async def integrator_context(app: web.Application) -> AsyncIterator[None]:
@@ -123,8 +157,9 @@ async def anchor_context(app: web.Application) -> AsyncIterator[None]:
                           policy=settings.anchor_slo_policy).start()
     app[ANCHOR_WORKER] = worker
     metrics = app[METRICS]
-    metrics.anchor_lag.set_function(lambda: worker.status().lag_s)
-    metrics.anchor_backlog.set_function(lambda: float(worker.status().backlog))
+    # In-memory state, refreshed by the worker's own thread: scraping never queries.
+    metrics.anchor_lag.set_function(lambda: worker.current().lag_s)
+    metrics.anchor_backlog.set_function(lambda: float(worker.current().backlog))
     yield
     await asyncio.to_thread(worker.stop)
     try:  # anchor what the final seal produced, if the anchor is reachable
@@ -149,11 +184,45 @@ async def batcher_context(app: web.Application) -> AsyncIterator[None]:
         return float(size - (latest.size if latest else 0))
 
     metrics.bind(lambda: float(batcher.depth), lag)
+    Gauge("audit_outstanding_requests", "requests waiting, generating, being recorded or "
+          "queued for the ledger (the one bound: queue_limit)",
+          registry=metrics.registry).set_function(lambda: float(batcher.outstanding))
+    Gauge("audit_requests_dropped_before_generate", "queued requests dropped because their "
+          "caller had gone", registry=metrics.registry).set_function(
+              lambda: float(batcher.dropped))
+    Gauge("audit_log_records_dropped", "log lines dropped because the log output stalled",
+          registry=metrics.registry).set_function(
+              lambda: float(logging_setup.ACTIVE.dropped if logging_setup.ACTIVE else 0))
     yield
-    await batcher.drain()
+    await batcher.drain(timeout_s=settings.request_timeout_s)
 
 
-def create_app(settings: Settings, generator: AuditedGenerator) -> web.Application:
+async def supervisor_context(app: web.Application) -> AsyncIterator[None]:
+    ledger, batcher = app[LEDGER], app[BATCHER]
+    integrator, anchor_worker = app[INTEGRATOR], app[ANCHOR_WORKER]
+    lifecycle = app[LIFECYCLE]
+    # Waiters of the ledger queue are failed by the dying writer itself; the batcher's
+    # waiters are failed here, whichever worker died.
+    lifecycle.on_fatal.insert(0, lambda name: batcher.fail_all(WorkerDiedError(name)))
+    supervisor = Supervisor({
+        "ledger-writer": lambda: ledger.writer_alive,
+        "batcher": lambda: batcher.alive,
+        "integrator": lambda: integrator.alive,
+        "anchor-worker": lambda: anchor_worker.alive,
+    }, lifecycle)
+    app[SUPERVISOR] = supervisor
+    supervisor.start()
+    yield
+    await supervisor.stop()
+
+
+async def _shutdown_starts(app: web.Application) -> None:
+    app[LIFECYCLE].shutting_down = True  # new requests get 503 from here on
+
+
+def create_app(settings: Settings, generator: AuditedGenerator, *,
+               on_fatal: Callable[[str], None] | None = None) -> web.Application:
+    """``on_fatal(worker)`` runs once if a worker dies (the CLI stops the process)."""
     from inference_wrapper.server.routes import ROUTES
 
     app = web.Application(client_max_size=settings.max_body_bytes,
@@ -162,7 +231,9 @@ def create_app(settings: Settings, generator: AuditedGenerator) -> web.Applicati
     app[GENERATOR] = generator
     app[METRICS] = Metrics()
     app[TRACER] = PhaseTracer(settings.otel_exporter)
-    app.cleanup_ctx.extend([ledger_context, integrator_context, anchor_context,
-                            batcher_context])
+    app[LIFECYCLE] = Lifecycle(on_fatal=[on_fatal] if on_fatal else [])
+    app.on_shutdown.append(_shutdown_starts)
+    app.cleanup_ctx.extend([ledger_context, receipts_context, integrator_context,
+                            anchor_context, batcher_context, supervisor_context])
     app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])
     return app

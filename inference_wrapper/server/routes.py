@@ -15,20 +15,25 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inference_wrapper.batcher import Answer, QueueFullError, ShuttingDownError
+from inference_wrapper.generator import PreparedRequest
 from inference_wrapper.params import GenerationParams
 from inference_wrapper.server.app import (
     ANCHOR_WORKER,
     BATCHER,
     GENERATOR,
+    IDEMPOTENCY,
     INTEGRATOR,
     KEYS,
     LEDGER,
     METRICS,
     SETTINGS,
     SIGNER,
+    SUPERVISOR,
     TRACER,
 )
+from inference_wrapper.server.idempotency import Rendered, key_from
 from inference_wrapper.server.problems import Problem, invalid
+from inference_wrapper.server.streaming import stream_answer
 from inference_wrapper.server.validation import (
     Field,
     check_fields,
@@ -57,7 +62,7 @@ _OPENAI_COMMON = {
     "top_p": Field("number", nullable=True),
     "seed": Field("integer", nullable=True),
     "n": Field("integer", nullable=True, only=(1,)),
-    "stream": Field("boolean", nullable=True, only=(False,)),
+    "stream": Field("boolean", nullable=True),
     "user": Field("string", nullable=True),
 }
 COMPLETION_FIELDS = {"prompt": Field("string", required=True), **_OPENAI_COMMON}
@@ -104,24 +109,43 @@ def receipt_headers(answer: Answer) -> dict[str, str]:
             "X-Audit-Leaf-Index": str(answer.receipt.leaf_index)}
 
 
-async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
-                           params: GenerationParams, started: float) -> Answer:
+def prepare_audited(request: web.Request, key: ApiKey, prompt: str,
+                    params: GenerationParams, started: float) -> PreparedRequest:
     generator = request.app[GENERATOR]
     if not request.app[ANCHOR_WORKER].serving_allowed:
         raise Problem(503, "Service Unavailable", "anchoring lags beyond its SLO and the "
                       "policy is fail-closed", headers={"Retry-After": "5"})
     try:
-        prepared = generator.prepare(prompt, params, tenant=key.tenant, started=started)
+        return generator.prepare(prompt, params, tenant=key.tenant, started=started)
     except InvalidInputError as exc:
         raise invalid(exc.field, exc.reason) from exc
-    try:
-        answer = await asyncio.wait_for(request.app[BATCHER].submit(prepared),
-                                        request.app[SETTINGS].request_timeout_s)
-        request.app[TRACER].record(f"{request.method} {request.path}", answer.spans_ns, {
+
+
+async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
+                           params: GenerationParams, started: float,
+                           render: Callable[[Answer], Rendered], body: Any) -> web.Response:
+    prepared = prepare_audited(request, key, prompt, params, started)
+    batcher, tracer = request.app[BATCHER], request.app[TRACER]
+
+    def caller_alive() -> bool:  # a disconnected caller's request is dropped before generate
+        transport = request.transport
+        return transport is not None and not transport.is_closing()
+
+    async def work() -> Rendered:
+        answer = await batcher.submit(prepared, caller_alive)
+        tracer.record(f"{request.method} {request.path}", answer.spans_ns, {
             "audit.record_id": answer.receipt.record_id,
             "audit.leaf_index": answer.receipt.leaf_index,
             "http.request_id": request.headers.get("X-Request-Id", "")})
-        return answer
+        return render(answer)
+
+    try:
+        idempotency_key = key_from(request)
+        if idempotency_key is not None:
+            return await request.app[IDEMPOTENCY].answer(request, key.tenant, idempotency_key,
+                                                         body, work)
+        rendered = await asyncio.wait_for(work(), request.app[SETTINGS].request_timeout_s)
+        return web.json_response(rendered[0], headers=rendered[1])
     except QueueFullError as exc:
         raise Problem(503, "Service Unavailable", str(exc), headers={"Retry-After": "1"}) from exc
     except ShuttingDownError as exc:
@@ -170,28 +194,34 @@ async def generate(request: web.Request) -> web.Response:
     key = authorize(request, CLIENT_ROLES)
     body = await read_body(request, GENERATE_FIELDS)
     params = _params(request, body, "max_new_tokens", GenerationParams())
-    answer = await generate_audited(request, key, body["prompt"], params, started)
-    return web.json_response(
-        {"output": answer.output.text,
-         "finish_reason": answer.output.record.body["data"]["finish_reason"],
-         **receipt_json(answer)},
-        headers=receipt_headers(answer),
-    )
+
+    def render(answer: Answer) -> Rendered:
+        return ({"output": answer.output.text,
+                 "finish_reason": answer.output.record.body["data"]["finish_reason"],
+                 **receipt_json(answer)}, receipt_headers(answer))
+
+    return await generate_audited(request, key, body["prompt"], params, started, render, body)
 
 
-async def completions(request: web.Request) -> web.Response:
+async def completions(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter() * 1000
     key = authorize(request, CLIENT_ROLES)
     body = await read_body(request, COMPLETION_FIELDS)
     model = _check_model(request, body)
     params = _params(request, body, "max_tokens", GenerationParams(16, 1.0, 1.0))
-    answer = await generate_audited(request, key, body["prompt"], params, started)
-    return web.json_response(_openai_response(answer, model, "text_completion", {
-        "text": answer.output.text, "index": 0, "logprobs": None,
-    }), headers=receipt_headers(answer))
+    if body.get("stream"):
+        prepared = prepare_audited(request, key, body["prompt"], params, started)
+        return await stream_answer(request, prepared, model, "text_completion")
+
+    def render(answer: Answer) -> Rendered:
+        return _openai_response(answer, model, "text_completion", {
+            "text": answer.output.text, "index": 0, "logprobs": None,
+        }), receipt_headers(answer)
+
+    return await generate_audited(request, key, body["prompt"], params, started, render, body)
 
 
-async def chat_completions(request: web.Request) -> web.Response:
+async def chat_completions(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter() * 1000
     key = authorize(request, CLIENT_ROLES)
     body = await read_body(request, CHAT_FIELDS)
@@ -201,11 +231,17 @@ async def chat_completions(request: web.Request) -> web.Response:
     params = _params(request, body, tokens_field, GenerationParams(64, 1.0, 1.0))
     tokenizer = request.app[GENERATOR].loaded.tokenizer
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    answer = await generate_audited(request, key, prompt, params, started)
-    return web.json_response(_openai_response(answer, model, "chat.completion", {
-        "index": 0, "logprobs": None,
-        "message": {"role": "assistant", "content": answer.output.text},
-    }), headers=receipt_headers(answer))
+    if body.get("stream"):
+        prepared = prepare_audited(request, key, prompt, params, started)
+        return await stream_answer(request, prepared, model, "chat.completion")
+
+    def render(answer: Answer) -> Rendered:
+        return _openai_response(answer, model, "chat.completion", {
+            "index": 0, "logprobs": None,
+            "message": {"role": "assistant", "content": answer.output.text},
+        }), receipt_headers(answer)
+
+    return await generate_audited(request, key, prompt, params, started, render, body)
 
 
 def _check_messages(messages: list[Any]) -> list[dict[str, str]]:
@@ -404,7 +440,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     checks = {"model_loaded": request.app[GENERATOR].loaded.model is not None}
-    status = await asyncio.to_thread(request.app[ANCHOR_WORKER].status)
+    status = request.app[ANCHOR_WORKER].current()
     checks["anchoring_within_slo"] = (not status.slo_breached
                                       or request.app[ANCHOR_WORKER].policy == "keep-serving")
     try:
@@ -412,6 +448,7 @@ async def readyz(request: web.Request) -> web.Response:
         checks["ledger_reachable"] = True
     except Exception:  # any failure to read the tree head means not ready
         checks["ledger_reachable"] = False
+    checks.update(request.app[SUPERVISOR].status())
     ready = all(checks.values())
     return web.json_response({"ready": ready, "checks": checks}, status=200 if ready else 503)
 

@@ -281,8 +281,10 @@ async def test_health_readiness_metrics(service: Any) -> None:
     await generate(client, tokens["a"], max_new_tokens=2)
     assert (await client.get("/healthz")).status == 200
     ready = await (await client.get("/readyz")).json()
-    assert ready == {"ready": True, "checks": {"model_loaded": True, "ledger_reachable": True,
-                                               "anchoring_within_slo": True}}
+    assert ready == {"ready": True, "checks": {
+        "model_loaded": True, "ledger_reachable": True, "anchoring_within_slo": True,
+        "worker:ledger-writer": True, "worker:batcher": True, "worker:integrator": True,
+        "worker:anchor-worker": True}}
     text = await (await client.get("/metrics")).text()
     for name in ("audit_phase_seconds_bucket{le=", 'phase="forward"', 'phase="append"',
                  "audit_batch_size_count", "audit_queue_depth", "audit_checkpoint_lag_entries",

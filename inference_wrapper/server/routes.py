@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from inference_wrapper.batcher import Answer, QueueFullError, ShuttingDownError
+from inference_wrapper.batcher import Answer, CallerGoneError, QueueFullError, ShuttingDownError
 from inference_wrapper.generator import PreparedRequest
 from inference_wrapper.params import GenerationParams
 from inference_wrapper.server.app import (
@@ -152,6 +152,9 @@ async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
         raise Problem(503, "Service Unavailable", str(exc), headers={"Retry-After": "5"}) from exc
     except TimeoutError as exc:
         raise Problem(504, "Gateway Timeout", "generation did not finish in time") from exc
+    except CallerGoneError as exc:  # nobody reads this answer; it keeps the log clean
+        raise Problem(503, "Service Unavailable", "the request was dropped before it ran: "
+                      "its caller went away", headers={"Retry-After": "1"}) from exc
     except BackendError as exc:
         # No durable record, no output: the answer is withheld.
         raise Problem(503, "Service Unavailable",

@@ -108,6 +108,32 @@ async def test_a_timed_out_queued_request_is_dropped_before_generate(
     assert app[LEDGER].tree_head()[0] == 1  # the first one, in the model already, committed
 
 
+async def test_a_queued_request_whose_caller_disconnected_is_dropped_before_generate(
+    aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any
+) -> None:
+    import aiohttp
+
+    gated = GatedGenerator(tiny_generator)
+    client, app, token = await _start(aiohttp_client, replace(settings, max_batch=1), gated)
+    in_model = asyncio.ensure_future(client.post(
+        "/v1/generate", json={"prompt": "first", "max_new_tokens": 2}, headers=bearer(token)))
+    await _until(lambda: len(gated.batches) == 1, "the first request in the model")
+    session = aiohttp.ClientSession()
+    leaving = asyncio.ensure_future(session.post(
+        client.make_url("/v1/generate"), json={"prompt": "second", "max_new_tokens": 2},
+        headers=bearer(token)))
+    await _until(lambda: app[BATCHER].outstanding == 2, "the second request queued")
+    leaving.cancel()
+    await session.close()  # the caller hangs up while its request waits
+    await asyncio.wait([leaving])
+    gated.gate.set()
+    assert (await in_model).status == 200
+    await _until(lambda: app[BATCHER].outstanding == 0, "the queue empty")
+    assert gated.batches == [1]  # the second never reached the model
+    assert app[BATCHER].dropped == 1
+    assert app[LEDGER].tree_head()[0] == 1
+
+
 # --- Idempotency-Key ----------------------------------------------------------------------
 
 

@@ -166,3 +166,25 @@ async def test_a_dead_batcher_stops_the_process_with_a_non_zero_status(
             service.process.kill()
             service.process.wait()
     assert status == 3  # exit_code_for(WorkerDiedError): backend unavailable
+
+
+async def test_drain_ends_at_once_when_the_batching_task_died(
+    ledger: SqlLedger, tiny_generator: Any
+) -> None:
+    from inference_wrapper.batcher import Batcher
+
+    batcher = Batcher(tiny_generator, ledger, max_wait_ms=1)
+
+    def broken() -> Any:
+        raise RuntimeError("injected bug in the batching task")
+
+    batcher._take_batch = broken  # type: ignore[method-assign]
+    batcher.start()
+    with pytest.raises(WorkerDiedError) as caught:
+        await asyncio.wait_for(batcher.submit(tiny_generator.prepare("x")), 60)
+    assert caught.value.worker == "batcher" and not batcher.alive
+    with pytest.raises(WorkerDiedError):
+        await batcher.submit(tiny_generator.prepare("y"))
+    # Its deadline is long; it must not be what ends the drain.
+    await asyncio.wait_for(batcher.drain(timeout_s=3600), 60)
+    assert batcher.outstanding == 0

@@ -127,7 +127,8 @@ async def wait_ready(base: str) -> None:
 
 
 async def load(base: str, token: str, concurrency: int, total: int,
-               new_tokens: int) -> tuple[float, float, float]:
+               new_tokens: int) -> tuple[list[float], float]:
+    """(latencies in s, elapsed s) for ``total`` requests from ``concurrency`` clients."""
     per_client = max(1, total // concurrency)
     latencies: list[float] = []
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -147,15 +148,23 @@ async def load(base: str, token: str, concurrency: int, total: int,
         start = time.perf_counter()
         await asyncio.gather(*(client(c) for c in range(concurrency)))
         elapsed = time.perf_counter() - start
-    latencies.sort()
-    return (len(latencies) / elapsed, statistics.median(latencies) * 1e3,
-            latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1e3)
+    return latencies, elapsed
+
+
+def summary(latencies: list[float], elapsed: float) -> tuple[float, float, float]:
+    """(requests/s, p50 ms, p99 ms)."""
+    ordered = sorted(latencies)
+    return (len(ordered) / elapsed, statistics.median(ordered) * 1e3,
+            ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=480,
                         help="requests per concurrency level and server (after warm-up)")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="split each level into this many alternating slices per server "
+                             "(machine noise then falls on both alike)")
     parser.add_argument("--batch-one", action="store_true",
                         help="also run the audited service with batch size 1")
     parser.add_argument("--new-tokens", type=int, default=32)
@@ -201,10 +210,20 @@ def main() -> None:
                 base = f"http://127.0.0.1:{port}"
                 servers[name] = (proc, base, token)
                 asyncio.run(wait_ready(base))
-            for level in levels:  # alternate: both servers see the same machine state
-                for name, (_, base, token) in servers.items():
-                    results.setdefault(name, {})[level] = asyncio.run(
-                        load(base, token, level, args.requests, args.new_tokens))
+            for level in levels:
+                # Alternate slices (a, c, c, a, ...): both servers see the same machine.
+                samples: dict[str, tuple[list[float], float]] = {n: ([], 0.0) for n in servers}
+                names = list(servers)
+                for round_ in range(args.rounds):
+                    for name in (names if round_ % 2 == 0 else names[::-1]):
+                        _, base, token = servers[name]
+                        latencies, elapsed = asyncio.run(load(
+                            base, token, level, max(level, args.requests // args.rounds),
+                            args.new_tokens))
+                        kept, total = samples[name]
+                        samples[name] = (kept + latencies, total + elapsed)
+                for name, (latencies, elapsed) in samples.items():
+                    results.setdefault(name, {})[level] = summary(latencies, elapsed)
                     rps, p50, p99 = results[name][level]
                     print(f"  {name} c={level}: {rps:.1f} req/s, p50 {p50:.0f} ms, "
                           f"p99 {p99:.0f} ms", file=sys.stderr, flush=True)
@@ -213,8 +232,8 @@ def main() -> None:
                 proc.terminate()
                 proc.wait(timeout=60)
     model = "SmolLM2-135M" if args.default_model else "tiny model"
-    print(f"{model}, {args.new_tokens} new tokens, {args.requests} requests per level "
-          "(after one warm-up), 1 torch thread per server")
+    print(f"{model}, {args.new_tokens} new tokens, {args.requests} requests per level and "
+          f"server in {args.rounds} alternating slices, 1 torch thread per server")
     print(f"{'':24}" + "".join(f"{'c=' + str(c):>28}" for c in levels))
     for name, per_level in results.items():
         cells = "".join(f"{rps:8.1f} req/s {p50:6.0f}/{p99:6.0f} ms"

@@ -161,7 +161,9 @@ class SqlLedger:
             make_engine(url, writer=True, sqlite_synchronous=sqlite_synchronous)
             if not self.is_postgres else self.engine
         )
-        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        # Items are single appends or lists of appends made in one event-loop turn.
+        self._queue: queue.SimpleQueue[_Pending | list[_Pending] | None] = queue.SimpleQueue()
+        self._turn_buffers: dict[asyncio.AbstractEventLoop, list[_Pending]] = {}
         self._compact: merkle.CompactRange | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -220,18 +222,43 @@ class SqlLedger:
         """False once the writer thread has died (not merely stopped by ``close``)."""
         return self.failure is None
 
-    def _enqueue(self, pending: _Pending) -> None:
+    def _check_open(self) -> None:
+        if self.failure is not None:
+            raise WorkerDiedError("ledger-writer")
+        if self._closed:
+            raise BackendUnavailableError("ledger is closed")
+
+    def _enqueue(self, item: _Pending | list[_Pending]) -> None:
         with self._lock:  # close() and a dying writer change these under the same lock
-            if self.failure is not None:
-                raise WorkerDiedError("ledger-writer")
-            if self._closed:
-                raise BackendUnavailableError("ledger is closed")
+            self._check_open()
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._writer_loop, name="ledger-writer", daemon=True
                 )
                 self._thread.start()
-            self._queue.put(pending)
+            self._queue.put(item)
+
+    def _enqueue_this_turn(self, pending: _Pending, loop: asyncio.AbstractEventLoop) -> None:
+        """Gather the appends made in one turn of ``loop`` into one queue item.
+
+        A batch's records are appended together; queued one by one, the writer would
+        wake on the first and commit the batch in several transactions (several fsyncs),
+        releasing its answers in waves.
+        """
+        with self._lock:
+            self._check_open()
+        buffer = self._turn_buffers.get(loop)
+        if buffer is None:
+            buffer = self._turn_buffers[loop] = []
+            loop.call_soon(self._flush_turn, loop)
+        buffer.append(pending)
+
+    def _flush_turn(self, loop: asyncio.AbstractEventLoop) -> None:
+        buffer = self._turn_buffers.pop(loop, [])
+        try:
+            self._enqueue(buffer)
+        except BackendError as exc:  # closed or dead since the appends were made
+            _settle([(p.future, exc) for p in buffer])
 
     def _fail_queued(self, error: BaseException) -> None:
         """Answer every append still in the queue with ``error``."""
@@ -241,7 +268,8 @@ class SqlLedger:
             except queue.Empty:
                 return
             if item is not None:
-                self._answer([item], [error])
+                items = item if isinstance(item, list) else [item]
+                self._answer(items, [error] * len(items))
 
     def submit(self, record: AuditRecord) -> Future[Receipt]:
         """Queue an append; the future resolves once it is durably committed."""
@@ -255,8 +283,9 @@ class SqlLedger:
 
     async def append_async(self, record: AuditRecord) -> Receipt:
         """Append from asyncio; a whole group's waiters are woken with one loop call."""
-        pending = _Pending(record, asyncio.get_running_loop())
-        self._enqueue(pending)
+        loop = asyncio.get_running_loop()
+        pending = _Pending(record, loop)
+        self._enqueue_this_turn(pending, loop)
         assert isinstance(pending.future, asyncio.Future)
         return await pending.future
 
@@ -268,7 +297,7 @@ class SqlLedger:
                 first = self._queue.get()
                 if first is None:
                     break
-                group = [first]
+                group = list(first) if isinstance(first, list) else [first]
                 while len(group) < MAX_GROUP:
                     try:
                         item = self._queue.get_nowait()
@@ -277,7 +306,12 @@ class SqlLedger:
                     if item is None:
                         stopping = True
                         break
-                    group.append(item)
+                    if isinstance(item, list):
+                        group.extend(item)
+                    else:
+                        group.append(item)
+                if not group:
+                    continue
                 try:
                     self._commit_group(group)
                 except Exception:  # a bug answering one group must not stop the writer

@@ -94,14 +94,22 @@ class Idempotency:
             rendered = await work()
         except BaseException:
             # Nothing was committed: let a retry generate.
-            await asyncio.to_thread(self.store.release, tenant, key)
+            try:
+                await asyncio.to_thread(self.store.release, tenant, key)
+            except Exception:  # the claim then goes stale and is taken over later
+                log.warning("could not release an idempotency key after a failure")
             raise
         finally:
             self._running.pop((tenant, key), None)
         # Stored when the record has committed, whether or not anybody still listens.
         body, headers = rendered
-        await asyncio.to_thread(self.store.complete, tenant, key,
-                                {"body": body, "headers": headers})
+        try:
+            await asyncio.to_thread(self.store.complete, tenant, key,
+                                    {"body": body, "headers": headers})
+        except Exception:
+            # The record is committed and a caller still waiting gets its answer; only
+            # a retry cannot find it (it waits, then the claim goes stale).
+            log.error("could not store the answer of an idempotent request")
         return rendered
 
     async def _wait(self, task: asyncio.Task[Rendered]) -> Rendered:

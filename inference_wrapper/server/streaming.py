@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 from dataclasses import replace
@@ -25,6 +26,7 @@ from inference_wrapper.server.app import BATCHER, GENERATOR, LEDGER, SETTINGS
 from inference_wrapper.server.problems import Problem
 from ledger.errors import BackendError
 
+log = logging.getLogger(__name__)
 _PIECE = re.compile(r"\s*\S+\s*|\s+")  # words with their spacing: chunk boundaries
 
 
@@ -70,30 +72,35 @@ async def stream_answer(request: web.Request, prepared: PreparedRequest, model: 
                    "model": model, "choices": [choice], **extra}
         return f"data: {json.dumps(payload)}\n\n".encode()
 
-    if chat:
-        await response.write(chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
-                                    "logprobs": None, "finish_reason": None}))
-    for piece in pieces(answer.output.text):
+    try:
         if chat:
-            choice = {"index": 0, "delta": {"content": piece}, "logprobs": None,
-                      "finish_reason": None}
+            await response.write(chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
+                                        "logprobs": None, "finish_reason": None}))
+        for piece in pieces(answer.output.text):
+            if chat:
+                choice = {"index": 0, "delta": {"content": piece}, "logprobs": None,
+                          "finish_reason": None}
+            else:
+                choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": None}
+            await response.write(chunk(choice))
+        data = answer.output.record.body["data"]
+        final: dict[str, Any] = {"index": 0, "logprobs": None,
+                                 "finish_reason": data["finish_reason"]}
+        if chat:
+            final["delta"] = {}
         else:
-            choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": None}
-        await response.write(chunk(choice))
-    data = answer.output.record.body["data"]
-    final: dict[str, Any] = {"index": 0, "logprobs": None,
-                             "finish_reason": data["finish_reason"]}
-    if chat:
-        final["delta"] = {}
-    else:
-        final["text"] = ""
-    prompt_tokens, completion_tokens = data["input_token_count"], data["output_token_count"]
-    await response.write(chunk(final, usage={
-        "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens},
-        audit=stream_receipt(answer, start.record_id, started.leaf_index)))
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
+            final["text"] = ""
+        prompt_tokens, completion_tokens = data["input_token_count"], data["output_token_count"]
+        await response.write(chunk(final, usage={
+            "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens},
+            audit=stream_receipt(answer, start.record_id, started.leaf_index)))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    except ConnectionResetError:
+        # The caller left mid-stream: both records are committed, but the salts in the
+        # final chunk never reached it (decision 17).
+        log.info("a streamed answer's caller left before the end")
     return response
 
 

@@ -315,3 +315,45 @@ async def test_a_key_revoked_by_another_process_stops_working_within_the_ttl(
         assert loop.time() < deadline, "the revoked key was still accepted"
         await asyncio.sleep(0.05)
     engine.dispose()
+
+
+async def test_no_chunk_leaves_when_the_start_record_cannot_be_committed(
+    aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ledger.errors import BackendUnavailableError
+
+    client, app, token = await _start(aiohttp_client, settings, tiny_generator)
+
+    async def broken(record: Any) -> Any:
+        raise BackendUnavailableError("database is down")
+
+    monkeypatch.setattr(app[LEDGER], "append_async", broken)
+    response = await client.post("/v1/chat/completions", json={
+        "model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4, "stream": True}, headers=bearer(token))
+    assert response.status == 503
+    assert response.content_type == "application/problem+json"
+    assert "data:" not in await response.text()
+    assert app[BATCHER].outstanding == 0 and app[LEDGER].tree_head()[0] == 0
+
+
+def test_expired_receipts_are_purged(settings: Settings) -> None:
+    from ledger.store.migrate import upgrade
+    from ledger.store.receipts import ReceiptStore
+    from ledger.store.sql import make_engine
+
+    upgrade(settings.database_url)
+    engine = make_engine(settings.database_url)
+    kept, expired = ReceiptStore(engine), ReceiptStore(engine, ttl_s=-1)
+    assert kept.claim("bank-a", "k1", b"x" * 32, stale_after_s=600) is None
+    assert expired.claim("bank-a", "k2", b"y" * 32, stale_after_s=600) is None
+    expired.complete("bank-a", "k2", {"body": {"salt": "ab"}, "headers": {}})
+    assert kept.purge() == 1
+    assert kept.get("bank-a", "k2") is None
+    held = kept.get("bank-a", "k1")
+    assert held is not None and held.state == "pending"
+    # The same key again, other body: the holder is returned to the caller to compare.
+    again = kept.claim("bank-a", "k1", b"z" * 32, stale_after_s=600)
+    assert again is not None and again.fingerprint == b"x" * 32
+    engine.dispose()

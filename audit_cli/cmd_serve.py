@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 
 from audit_cli.extras import require_extra
 from audit_cli.options import add_model_options, load_from_options
@@ -24,16 +26,20 @@ def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from inference_wrapper.generator import AuditedGenerator
-    from inference_wrapper.server.app import create_app, open_identity
+    from inference_wrapper.server.app import LIFECYCLE, create_app, open_identity
+    from inference_wrapper.server.logging_setup import setup_queued_logging
     from inference_wrapper.server.settings import Settings
+    from ledger.error_map import exit_code_for
+    from ledger.errors import WorkerDiedError
     from ledger.store.apikeys import ApiKeyStore
     from ledger.store.migrate import upgrade
     from ledger.store.sql import SqlLedger, make_engine
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     settings = Settings.from_env(host=args.host, port=args.port,
                                  database_url=args.database_url, max_batch=args.max_batch,
                                  max_wait_ms=args.max_wait_ms)
+    # Log calls only enqueue: a stalled stdout must not stall the event loop.
+    queued_logging = setup_queued_logging(logging.INFO, capacity=settings.log_queue_capacity)
     if settings.database_url.startswith("sqlite:///"):
         from pathlib import Path
 
@@ -59,9 +65,22 @@ def run(args: argparse.Namespace) -> int:
               "       -d '{\"prompt\": \"The capital of France is\", \"max_new_tokens\": 16}'\n")
     engine.dispose()
     generator = AuditedGenerator(load_from_options(args))
-    app = create_app(settings, generator)
+
+    def stop_for_supervisor(worker: str) -> None:
+        # The same path as SIGTERM: drain, seal, close; then exit non-zero below.
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    app = create_app(settings, generator, on_fatal=stop_for_supervisor)
     print(f"serving {generator.loaded.name} ({generator.loaded.digest}) on "
           f"http://{settings.host}:{settings.port}", flush=True)
-    web.run_app(app, host=settings.host, port=settings.port, print=None, access_log=None,
-                shutdown_timeout=settings.request_timeout_s)
-    return 0
+    try:
+        web.run_app(app, host=settings.host, port=settings.port, print=None,
+                    access_log=None, shutdown_timeout=settings.request_timeout_s)
+        dead = app[LIFECYCLE].dead_worker
+        if dead is not None:  # logged, not printed: a stalled stderr must not hang the exit
+            logging.getLogger("audit_ledger").critical(
+                "stopped because the %s worker died; exiting for the supervisor", dead)
+            return exit_code_for(WorkerDiedError(dead))
+        return 0
+    finally:
+        queued_logging.stop()

@@ -1,14 +1,17 @@
 """Endpoint throughput and latency at concurrency 1, 8 and 32, side by side in one run.
 
-    .venv/bin/python bench/bench_endpoint.py [--requests-per-client 8] [--default-model]
+    .venv/bin/python bench/bench_endpoint.py [--requests 480] [--batch-one] [--default-model]
 
 (a) the service, audited, dynamic batching (max batch 32);
-(b) the service, audited, batch size 1;
+(b) the service, audited, batch size 1 (only with --batch-one);
 (c) a bare aiohttp handler defined here, same model, same batcher, no fingerprints and
     no ledger (the service itself has no switch that turns auditing off).
-Each server runs in its own process with one torch thread; the load comes from this
-process over loopback HTTP. Prints requests/s, p50 and p99 latency, and the ratios
-(a)/(b) and (a)/(c).
+Each server runs in its own process with one torch thread and has its output drained by
+a thread here (a server whose stdout is not read would stall on a full pipe); the load
+comes from this process over loopback HTTP, ``--requests`` per level (enough for a p99
+that is not just the slowest request). Both servers run at once and the levels
+alternate between them, so machine noise hits both alike. Prints requests/s, p50 and
+p99 latency per level, the audited/bare throughput ratio, and the p99 added by auditing.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -99,6 +103,13 @@ def start_service(args: list[str], env: dict[str, str]) -> tuple[subprocess.Pope
             token = match.group(1)
         if line.startswith("serving") or line.startswith("ready"):
             break
+    stream = proc.stdout
+
+    def drain() -> None:  # keep reading: one log line per request fills a pipe fast
+        for _ in stream:
+            pass
+
+    threading.Thread(target=drain, daemon=True).start()
     return proc, token
 
 
@@ -115,8 +126,10 @@ async def wait_ready(base: str) -> None:
     raise RuntimeError(f"{base} never became ready")
 
 
-async def load(base: str, token: str, concurrency: int, per_client: int,
-               new_tokens: int) -> tuple[float, float, float]:
+async def load(base: str, token: str, concurrency: int, total: int,
+               new_tokens: int) -> tuple[list[float], float]:
+    """(latencies in s, elapsed s) for ``total`` requests from ``concurrency`` clients."""
+    per_client = max(1, total // concurrency)
     latencies: list[float] = []
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     connector = aiohttp.TCPConnector(limit=concurrency)
@@ -135,14 +148,25 @@ async def load(base: str, token: str, concurrency: int, per_client: int,
         start = time.perf_counter()
         await asyncio.gather(*(client(c) for c in range(concurrency)))
         elapsed = time.perf_counter() - start
-    latencies.sort()
-    return (len(latencies) / elapsed, statistics.median(latencies) * 1e3,
-            latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1e3)
+    return latencies, elapsed
+
+
+def summary(latencies: list[float], elapsed: float) -> tuple[float, float, float]:
+    """(requests/s, p50 ms, p99 ms)."""
+    ordered = sorted(latencies)
+    return (len(ordered) / elapsed, statistics.median(ordered) * 1e3,
+            ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--requests-per-client", type=int, default=6)
+    parser.add_argument("--requests", type=int, default=480,
+                        help="requests per concurrency level and server (after warm-up)")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="split each level into this many alternating slices per server "
+                             "(machine noise then falls on both alike)")
+    parser.add_argument("--batch-one", action="store_true",
+                        help="also run the audited service with batch size 1")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--levels", default="1,8,32")
     parser.add_argument("--default-model", action="store_true",
@@ -165,41 +189,65 @@ def main() -> None:
             manifest = Path(tmp) / "tiny.manifest.json"
         env = dict(os.environ, AUDIT_LEDGER_HOME=tmp, PYTHONUNBUFFERED="1")
         results: dict[str, dict[int, tuple[float, float, float]]] = {}
-        configs = {
+        configs: dict[str, list[str] | None] = {
             "(a) audited, batching": ["--max-batch", "32"],
-            "(b) audited, batch 1": ["--max-batch", "1"],
             "(c) bare, batching": None,
         }
-        for name, extra in configs.items():
-            port = free_port()
-            if extra is None:
-                cmd = [sys.executable, __file__, "--serve-bare", str(port), str(model_dir),
-                       str(manifest)]
-            else:
-                cmd = [sys.executable, "-m", "audit_cli.main", "serve", "--port", str(port),
-                       "--db", f"sqlite:///{tmp}/{port}.db", "--model-dir", str(model_dir),
-                       "--model-manifest", str(manifest), *extra]
-            proc, token = start_service(cmd, env)
-            base = f"http://127.0.0.1:{port}"
-            try:
+        if args.batch_one:
+            configs["(b) audited, batch 1"] = ["--max-batch", "1"]
+        servers: dict[str, tuple[subprocess.Popen[str], str, str]] = {}
+        try:
+            for name, extra in configs.items():
+                port = free_port()
+                if extra is None:
+                    cmd = [sys.executable, __file__, "--serve-bare", str(port),
+                           str(model_dir), str(manifest)]
+                else:
+                    cmd = [sys.executable, "-m", "audit_cli.main", "serve", "--port",
+                           str(port), "--db", f"sqlite:///{tmp}/{port}.db", "--model-dir",
+                           str(model_dir), "--model-manifest", str(manifest), *extra]
+                proc, token = start_service(cmd, env)
+                base = f"http://127.0.0.1:{port}"
+                servers[name] = (proc, base, token)
                 asyncio.run(wait_ready(base))
-                results[name] = {c: asyncio.run(load(base, token, c, args.requests_per_client,
-                                                     args.new_tokens)) for c in levels}
-            finally:
+            for level in levels:
+                # Alternate slices (a, c, c, a, ...): both servers see the same machine.
+                samples: dict[str, tuple[list[float], float]] = {n: ([], 0.0) for n in servers}
+                names = list(servers)
+                for round_ in range(args.rounds):
+                    for name in (names if round_ % 2 == 0 else names[::-1]):
+                        _, base, token = servers[name]
+                        latencies, elapsed = asyncio.run(load(
+                            base, token, level, max(level, args.requests // args.rounds),
+                            args.new_tokens))
+                        kept, total = samples[name]
+                        samples[name] = (kept + latencies, total + elapsed)
+                for name, (latencies, elapsed) in samples.items():
+                    results.setdefault(name, {})[level] = summary(latencies, elapsed)
+                    rps, p50, p99 = results[name][level]
+                    print(f"  {name} c={level}: {rps:.1f} req/s, p50 {p50:.0f} ms, "
+                          f"p99 {p99:.0f} ms", file=sys.stderr, flush=True)
+        finally:
+            for proc, _, _ in servers.values():
                 proc.terminate()
                 proc.wait(timeout=60)
     model = "SmolLM2-135M" if args.default_model else "tiny model"
-    print(f"{model}, {args.new_tokens} new tokens, {args.requests_per_client} requests per "
-          "client, 1 torch thread per server")
+    print(f"{model}, {args.new_tokens} new tokens, {args.requests} requests per level and "
+          f"server in {args.rounds} alternating slices, 1 torch thread per server")
     print(f"{'':24}" + "".join(f"{'c=' + str(c):>28}" for c in levels))
     for name, per_level in results.items():
         cells = "".join(f"{rps:8.1f} req/s {p50:6.0f}/{p99:6.0f} ms"
                         for rps, p50, p99 in per_level.values())
         print(f"{name:24}{cells}")
-    a, b, c = (results[n] for n in configs)
+    a, c = results["(a) audited, batching"], results["(c) bare, batching"]
     for level in levels:
-        print(f"c={level}: batching gain (a)/(b) = {a[level][0] / b[level][0]:.2f}x, "
-              f"audit cost (a)/(c) = {a[level][0] / c[level][0]:.3f} of bare throughput")
+        line = (f"c={level}: audited/bare throughput = {a[level][0] / c[level][0]:.3f}; "
+                f"p99 added by auditing = {a[level][2] - c[level][2]:+.1f} ms "
+                f"(p50 {a[level][1] - c[level][1]:+.1f} ms)")
+        if args.batch_one:
+            b = results["(b) audited, batch 1"]
+            line += f"; batching gain (a)/(b) = {a[level][0] / b[level][0]:.2f}x"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,11 @@ The model runs on one dedicated thread. As soon as a batch's tokens are out, the
 batch starts; the audit work of the finished batch (fingerprints, records, durable
 append) runs beside it, so auditing overlaps with generation instead of sitting between
 batches. A request's answer is released only after its record is committed.
+
+One bound, ``queue_limit``, covers all outstanding work: a request counts from ``submit``
+until its record is committed (or it failed), so waiting, in the model, in audit and in
+the ledger queue are all inside it. A queued request whose caller went away (timed out,
+disconnected) is dropped before it reaches the model.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from inference_wrapper.generator import (
     BatchResult,
     PreparedRequest,
 )
-from ledger.errors import LedgerError
+from ledger.errors import LedgerError, WorkerDiedError
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,10 @@ class ShuttingDownError(LedgerError):
     """The batcher no longer accepts requests."""
 
 
+class CallerGoneError(LedgerError):
+    """The request was dropped before generate: its caller disconnected."""
+
+
 @dataclass
 class Answer:
     output: AuditedOutput
@@ -53,12 +62,14 @@ class Answer:
     spans_ns: dict[str, tuple[int, int]] = field(default_factory=dict)  # wall clock
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a job is found and removed by itself
 class _Job:
     request: PreparedRequest
     future: asyncio.Future[Answer]
     enqueued: float
     enqueued_ns: int = 0
+    caller_alive: Callable[[], bool] | None = None  # False once the client disconnected
+    done: bool = False  # counted out of ``outstanding`` already
 
 
 class Batcher:
@@ -87,43 +98,101 @@ class Batcher:
         self._audit_thread = ThreadPoolExecutor(1, thread_name_prefix="audit")
         self._runner: asyncio.Task[None] | None = None
         self._accepting = True
-        self.in_flight = 0
+        self.outstanding = 0  # submitted and not yet answered: the one bound
+        self.dropped = 0  # jobs dropped before generate (caller gone)
+        self.in_model = 0  # requests inside model.generate right now
+        self.failure: BaseException | None = None  # why the batching task died, if it did
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     @property
     def depth(self) -> int:
         return len(self._waiting)
 
+    @property
+    def alive(self) -> bool:
+        return self.failure is None
+
     def start(self) -> None:
         self._runner = asyncio.get_running_loop().create_task(self._run(), name="batcher")
+        self._runner.add_done_callback(self._runner_done)
 
-    async def submit(self, request: PreparedRequest) -> Answer:
+    def _runner_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is None:
+            return
+        self.failure = error
+        log.critical("the batcher task died", exc_info=error)
+        waiting, self._waiting = self._waiting, []
+        self._finish(waiting, WorkerDiedError("batcher"))
+
+    def fail_all(self, error: BaseException) -> None:
+        """Answer every waiting request with ``error`` (the supervisor saw a worker die)."""
+        waiting, self._waiting = self._waiting, []
+        self._finish(waiting, error)
+
+    async def submit(self, request: PreparedRequest,
+                     caller_alive: Callable[[], bool] | None = None) -> Answer:
+        if self.failure is not None:
+            raise WorkerDiedError("batcher")
         if not self._accepting:
             raise ShuttingDownError("the service is shutting down")
-        if len(self._waiting) >= self.queue_limit:
-            raise QueueFullError(f"queue is full ({self.queue_limit} requests waiting)")
+        if self.outstanding >= self.queue_limit:
+            raise QueueFullError(f"too much outstanding work ({self.queue_limit} requests "
+                                 "waiting, generating or being recorded)")
         job = _Job(request, asyncio.get_running_loop().create_future(), time.perf_counter(),
-                   time.time_ns())
+                   time.time_ns(), caller_alive)
+        self.outstanding += 1
+        self._idle.clear()
         self._waiting.append(job)
         self._wakeup.set()
-        return await asyncio.shield(job.future)  # a timed-out caller does not cancel the work
+        try:
+            # A caller that stops waiting does not cancel work already in the model.
+            return await asyncio.shield(job.future)
+        except asyncio.CancelledError:
+            if job in self._waiting:  # not generated yet: nobody needs it any more
+                self._waiting.remove(job)
+                self.dropped += 1
+                self._finish([job], CallerGoneError("the caller stopped waiting"))
+            raise
 
-    async def drain(self) -> None:
-        """Stop accepting, finish every queued request and commit every record."""
+    async def drain(self, timeout_s: float = 120.0) -> None:
+        """Stop accepting, finish every queued request and commit every record.
+
+        Bounded by ``timeout_s``, and it ends at once if the batching task died: requests
+        left then are answered with an error, never left waiting.
+        """
         self._accepting = False
-        while self._waiting or self.in_flight:
-            await asyncio.sleep(0.01)
-        if self._runner is not None:
-            self._runner.cancel()
-            try:
-                await self._runner
-            except asyncio.CancelledError:
-                pass
+        self._wakeup.set()
+        runner = self._runner
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._idle.wait())]
+        if runner is not None:
+            waits.append(runner)
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        waits[0].cancel()
+        if self.outstanding:
+            log.error("drain ended with %d requests unanswered", self.outstanding)
+        if runner is not None and not runner.done():
+            runner.cancel()
+            await asyncio.wait([runner])
         if self._audits:
-            await asyncio.gather(*self._audits, return_exceptions=True)
-        self._model_thread.shutdown(wait=True)
-        self._audit_thread.shutdown(wait=True)
+            await asyncio.wait(list(self._audits), timeout=timeout_s)
+        self.fail_all(ShuttingDownError("the service stopped before this request ran"))
+        finished = self.outstanding == 0
+        self._model_thread.shutdown(wait=finished, cancel_futures=True)
+        self._audit_thread.shutdown(wait=finished, cancel_futures=True)
 
     def _take_batch(self) -> list[_Job]:
+        gone = [j for j in self._waiting
+                if j.caller_alive is not None and not j.caller_alive()]
+        if gone:  # disconnected callers: drop them before they cost a generate
+            self._waiting = [j for j in self._waiting if j not in gone]
+            self.dropped += len(gone)
+            self._finish(gone, CallerGoneError("the caller disconnected"))
+        if not self._waiting:
+            return []
         first = self._waiting[0]
         batch = [j for j in self._waiting if j.request.params == first.request.params]
         batch = batch[: self.max_batch]
@@ -146,11 +215,13 @@ class Batcher:
                 except TimeoutError:
                     break
             batch = self._take_batch()
-            self.in_flight += len(batch)
+            if not batch:
+                continue
             now = time.perf_counter()
             for job in batch:
                 self._observe("queue_wait", now - job.enqueued)
             self._observe("batch_size", len(batch))
+            self.in_model += len(batch)
             try:
                 result = await loop.run_in_executor(
                     self._model_thread, self.generator.run_batch, [j.request for j in batch]
@@ -159,6 +230,8 @@ class Batcher:
                 log.exception("generate failed for a batch of %d", len(batch))
                 self._finish(batch, exc)
                 continue
+            finally:
+                self.in_model -= len(batch)
             task = loop.create_task(self._audit(batch, result))
             self._audits.add(task)
             task.add_done_callback(self._audits.discard)
@@ -194,7 +267,11 @@ class Batcher:
 
     def _finish(self, jobs: list[_Job], outcome: Answer | BaseException) -> None:
         for job in jobs:
-            self.in_flight -= 1
+            if not job.done:
+                job.done = True
+                self.outstanding -= 1
+                if self.outstanding == 0:
+                    self._idle.set()
             if job.future.done():
                 continue
             if isinstance(outcome, BaseException):

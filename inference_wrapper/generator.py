@@ -39,6 +39,7 @@ class PreparedRequest:
     stop: tuple[str, ...] = ()  # the output ends before the first of these (recorded)
     user: str | None = field(default=None, repr=False)  # recorded only as a commitment
     user_salt: bytes = field(default_factory=new_salt, repr=False)
+    stream_start_id: str | None = None  # a streamed request's start record
 
 
 @dataclass(frozen=True)
@@ -286,18 +287,20 @@ class AuditedGenerator:
                     "padding_applied": padding,
                 },
             )
-            data_section = data.to_dict()
+            data_members = data.to_dict()
             # Present only when asked for, so records without them keep their old shape.
             if request.stop:
-                data_section["stop"] = list(request.stop)
+                data_members["stop"] = list(request.stop)
             if request.user is not None:
-                data_section["user_commitment"] = commit_text(request.user_salt, request.user)
+                data_members["user_commitment"] = commit_text(request.user_salt, request.user)
+            if request.stream_start_id is not None:
+                data_members["stream_start_record_id"] = request.stream_start_id
             record = build_record(
                 tenant=request.tenant,
                 model=self._model,
                 hardware=self._hardware,
                 software=self._software,
-                data=data_section,
+                data=data_members,
                 timings_ms={"parse": request.parse_ms, **batch.timings_ms},
             )
             results.append(
@@ -306,6 +309,18 @@ class AuditedGenerator:
                               request.user_salt if request.user is not None else None)
             )
         return results
+
+    def stream_start(self, request: PreparedRequest, route: str) -> AuditRecord:
+        """The start record of a streamed request: input commitment, fingerprints and
+        parameters, committed before any of its tokens leaves the server."""
+        from ledger.stream_record import build_stream_start
+
+        return build_stream_start(
+            tenant=request.tenant, model=self._model, hardware=self._hardware,
+            software=self._software,
+            input_commitment=commit_text(request.input_salt, request.prompt),
+            input_bytes=len(request.prompt.encode("utf-8")),
+            generation=request.params.to_dict(), route=route)
 
     # --- conveniences ---------------------------------------------------------------
 

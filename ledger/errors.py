@@ -137,3 +137,12 @@ class LogIdentityError(InvalidInputError):
     ``field`` names the setting to fix (``AUDIT_LEDGER_LOG_KEY_PATH``,
     ``AUDIT_LEDGER_LOG_SIGNING_KEY`` or ``AUDIT_LEDGER_ORIGIN``); a usage error (exit 2).
     """
+
+
+class WorkerDiedError(BackendUnavailableError):
+    """A background worker of the service (writer, batcher, integrator, anchor worker)
+    stopped for good; ``worker`` names it. The service answers 503 and exits."""
+
+    def __init__(self, worker: str) -> None:
+        super().__init__(f"the {worker} worker has stopped; the service is restarting")
+        self.worker = worker

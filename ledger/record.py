@@ -18,6 +18,7 @@ from typing import Any
 from ledger import content_records, merkle
 from ledger.canonical import Canonical, canonical_bytes, canonical_object, parse_canonical
 from ledger.errors import CanonicalFormError
+from ledger.stream_record import STREAM_START_SCHEMA, validate_stream_start
 
 RECORD_SCHEMA = "audit-record/v1"
 REQUIRED_SECTIONS = ("model", "hardware", "software", "data", "timings_ms")
@@ -132,6 +133,7 @@ LEAF_KINDS: dict[str, Callable[[Mapping[str, Any]], None]] = {
     RECORD_SCHEMA: _validate_audit_record,
     content_records.ACCESS_SCHEMA: content_records.validate_access,
     content_records.ERASURE_SCHEMA: content_records.validate_erasure,
+    STREAM_START_SCHEMA: validate_stream_start,
 }
 
 

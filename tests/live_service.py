@@ -35,17 +35,23 @@ class LiveService:
         self.process.wait(timeout=60)
 
 
-def start_service(home: Path, model_dir: Path, *extra: str) -> LiveService:
-    """Serve on a free port with a SQLite ledger under ``home``; wait until ready."""
+def start_service(home: Path, model_dir: Path, *extra: str, module: str = "audit_cli.main",
+                  env: dict[str, str] | None = None) -> LiveService:
+    """Serve on a free port with a SQLite ledger under ``home``; wait until ready.
+
+    After the start line the output pipe is never read again (as by a stalled log
+    collector); ``module`` runs the CLI through a wrapper, ``env`` adds variables.
+    """
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     database_url = f"sqlite:///{home / 'ledger.db'}"
     process = subprocess.Popen(
-        [sys.executable, "-m", "audit_cli.main", "serve", "--port", str(port),
+        [sys.executable, "-m", module, "serve", "--port", str(port),
          "--db", database_url, "--model-dir", str(model_dir),
          "--model-manifest", str(model_dir.parent / f"{model_dir.name}.manifest.json"), *extra],
-        cwd=ROOT, env=dict(os.environ, AUDIT_LEDGER_HOME=str(home), PYTHONUNBUFFERED="1"),
+        cwd=ROOT, env=dict(os.environ, AUDIT_LEDGER_HOME=str(home), PYTHONUNBUFFERED="1",
+                           **(env or {})),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert process.stdout is not None
     token = ""

@@ -19,46 +19,55 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import Gauge
 
 from inference_wrapper.batcher import Batcher
 from inference_wrapper.generator import AuditedGenerator
+from inference_wrapper.server import logging_setup
 from inference_wrapper.server.appkeys import (
     ANCHOR_WORKER,
     BATCHER,
     GENERATOR,
+    IDEMPOTENCY,
     INTEGRATOR,
     KEYS,
     LEDGER,
+    LIFECYCLE,
     METRICS,
     SETTINGS,
     SHUTTING_DOWN,
     SIGNER,
+    SUPERVISOR,
     TRACER,
     VAULT,
 )
 from inference_wrapper.server.content import vault_context
+from inference_wrapper.server.idempotency import Idempotency
 from inference_wrapper.server.metrics import Metrics
 from inference_wrapper.server.problems import Problem, internal_error, problem_for
 from inference_wrapper.server.replica import last_seal
 from inference_wrapper.server.routes import OPENAI_PATHS, ROUTES, UNGATED_PATHS
 from inference_wrapper.server.settings import Settings
+from inference_wrapper.server.supervisor import Lifecycle, Supervisor
 from inference_wrapper.server.tracing import PhaseTracer
 from inference_wrapper.server.witnessing import witness_context
 from ledger.anchor.local import LocalAnchor
 from ledger.anchor.worker import AnchorWorker
 from ledger.checkpoint import NoteSigner
-from ledger.errors import LedgerError
+from ledger.errors import LedgerError, WorkerDiedError
 from ledger.store.apikeys import ApiKeyStore
 from ledger.store.integrator import Integrator
 from ledger.store.keys import LogIdentity, open_log_identity
 from ledger.store.migrate import upgrade
+from ledger.store.receipts import ReceiptStore
 from ledger.store.sql import SqlLedger
 
 log = logging.getLogger("audit_ledger.http")
 
 # Re-exported: callers that imported the keys from here keep working.
 __all__ = ["ANCHOR_WORKER", "BATCHER", "GENERATOR", "INTEGRATOR", "KEYS", "LEDGER",
-           "METRICS", "SETTINGS", "SHUTTING_DOWN", "SIGNER", "TRACER", "VAULT", "create_app"]
+           "METRICS", "SETTINGS", "SHUTTING_DOWN", "SIGNER", "TRACER", "VAULT", "LIFECYCLE",
+           "SUPERVISOR", "IDEMPOTENCY", "create_app"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # A caller's request id is echoed in headers, bodies and logs: only a short, plain token.
@@ -129,6 +138,7 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
 async def mark_shutting_down(app: web.Application) -> None:
     """From here on new requests get 503; the cleanup contexts then drain the queue."""
     app[SHUTTING_DOWN].set()
+    app[LIFECYCLE].shutting_down = True
 
 
 def open_identity(settings: Settings, ledger: SqlLedger) -> LogIdentity:
@@ -151,9 +161,34 @@ async def ledger_context(app: web.Application) -> AsyncIterator[None]:
     app[SIGNER] = identity.signer
     # From here on settings.origin is the log's origin, whatever was configured.
     app[SETTINGS] = replace(settings, origin=identity.origin)
-    app[KEYS] = ApiKeyStore(ledger.engine)
+    keys = ApiKeyStore(ledger.engine, cache_ttl_s=settings.api_key_cache_ttl_s)
+    await asyncio.to_thread(keys.start_refresh)  # requests authenticate from memory
+    app[KEYS] = keys
     yield
+    await asyncio.to_thread(keys.stop_refresh)
     await asyncio.to_thread(ledger.close)
+
+
+async def receipts_context(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    store = ReceiptStore(app[LEDGER].engine, ttl_s=settings.idempotency_ttl_s)
+    idempotency = Idempotency(store, settings.request_timeout_s)
+    app[IDEMPOTENCY] = idempotency
+
+    async def purge() -> None:
+        while True:
+            try:
+                purged = await asyncio.to_thread(store.purge)
+                if purged:
+                    log.info("purged %d expired idempotency receipts", purged)
+            except Exception:  # the database is away; try again next time
+                log.warning("could not purge expired idempotency receipts")
+            await asyncio.sleep(settings.idempotency_purge_interval_s)
+
+    purger = asyncio.get_running_loop().create_task(purge(), name="receipts-purge")
+    yield
+    purger.cancel()
+    await idempotency.settle()  # answers still being stored are stored before closing
 
 
 async def integrator_context(app: web.Application) -> AsyncIterator[None]:
@@ -201,8 +236,9 @@ async def anchor_context(app: web.Application) -> AsyncIterator[None]:
     app[INTEGRATOR].subscribe(worker.wake)  # anchor each checkpoint as soon as it is sealed
     app[ANCHOR_WORKER] = worker
     metrics = app[METRICS]
-    metrics.anchor_lag.set_function(lambda: worker.status().lag_s)
-    metrics.anchor_backlog.set_function(lambda: float(worker.status().backlog))
+    # In-memory state, refreshed by the worker's own thread: scraping never queries.
+    metrics.anchor_lag.set_function(lambda: worker.current().lag_s)
+    metrics.anchor_backlog.set_function(lambda: float(worker.current().backlog))
     yield
     await asyncio.to_thread(worker.stop)
     try:  # anchor what the final seal produced, if the anchor is reachable and we lead
@@ -237,13 +273,43 @@ async def batcher_context(app: web.Application) -> AsyncIterator[None]:
                    .total_seconds())
 
     metrics.bind(lambda: float(batcher.depth), lag)
-    metrics.bind_service(in_model=lambda: float(batcher.in_flight),
+    metrics.bind_service(in_model=lambda: float(batcher.in_model),
                          checkpoint_age=checkpoint_age)
+    Gauge("audit_outstanding_requests", "requests waiting, generating, being recorded or "
+          "queued for the ledger (the one bound: queue_limit)",
+          registry=metrics.registry).set_function(lambda: float(batcher.outstanding))
+    Gauge("audit_requests_dropped_before_generate", "queued requests dropped because their "
+          "caller had gone", registry=metrics.registry).set_function(
+              lambda: float(batcher.dropped))
+    Gauge("audit_log_records_dropped", "log lines dropped because the log output stalled",
+          registry=metrics.registry).set_function(
+              lambda: float(logging_setup.ACTIVE.dropped if logging_setup.ACTIVE else 0))
     yield
-    await batcher.drain()
+    await batcher.drain(timeout_s=settings.request_timeout_s)
 
 
-def create_app(settings: Settings, generator: AuditedGenerator) -> web.Application:
+async def supervisor_context(app: web.Application) -> AsyncIterator[None]:
+    ledger, batcher = app[LEDGER], app[BATCHER]
+    integrator, anchor_worker = app[INTEGRATOR], app[ANCHOR_WORKER]
+    lifecycle = app[LIFECYCLE]
+    # Waiters of the ledger queue are failed by the dying writer itself; the batcher's
+    # waiters are failed here, whichever worker died.
+    lifecycle.on_fatal.insert(0, lambda name: batcher.fail_all(WorkerDiedError(name)))
+    supervisor = Supervisor({
+        "ledger-writer": lambda: ledger.writer_alive,
+        "batcher": lambda: batcher.alive,
+        "integrator": lambda: integrator.alive,
+        "anchor-worker": lambda: anchor_worker.alive,
+    }, lifecycle)
+    app[SUPERVISOR] = supervisor
+    supervisor.start()
+    yield
+    await supervisor.stop()
+
+
+def create_app(settings: Settings, generator: AuditedGenerator, *,
+               on_fatal: Callable[[str], None] | None = None) -> web.Application:
+    """``on_fatal(worker)`` runs once if a worker dies (the CLI stops the process)."""
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[request_context])
     app[SETTINGS] = settings
@@ -251,8 +317,10 @@ def create_app(settings: Settings, generator: AuditedGenerator) -> web.Applicati
     app[METRICS] = Metrics()
     app[TRACER] = PhaseTracer(settings.otel_exporter)
     app[SHUTTING_DOWN] = asyncio.Event()
+    app[LIFECYCLE] = Lifecycle(on_fatal=[on_fatal] if on_fatal else [])
     app.on_shutdown.append(mark_shutting_down)
-    app.cleanup_ctx.extend([ledger_context, vault_context, integrator_context, anchor_context,
-                            witness_context, batcher_context])
+    app.cleanup_ctx.extend([ledger_context, vault_context, receipts_context, integrator_context,
+                            anchor_context, witness_context, batcher_context,
+                            supervisor_context])
     app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])
     return app

@@ -12,8 +12,10 @@ from aiohttp import web
 
 from inference_wrapper.batcher import Batcher
 from inference_wrapper.generator import AuditedGenerator
+from inference_wrapper.server.idempotency import Idempotency
 from inference_wrapper.server.metrics import Metrics
 from inference_wrapper.server.settings import Settings
+from inference_wrapper.server.supervisor import Lifecycle, Supervisor
 from inference_wrapper.server.tracing import PhaseTracer
 from ledger.anchor.worker import AnchorWorker
 from ledger.checkpoint import NoteSigner
@@ -33,8 +35,12 @@ METRICS = web.AppKey("metrics", Metrics)
 TRACER = web.AppKey("tracer", PhaseTracer)
 ANCHOR_WORKER = web.AppKey("anchor_worker", AnchorWorker)
 VAULT = web.AppKey("vault", ContentVault)
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+SUPERVISOR = web.AppKey("supervisor", Supervisor)
+IDEMPOTENCY = web.AppKey("idempotency", Idempotency)
 # Set once shutdown begins; from then on every new request is answered 503.
 SHUTTING_DOWN = web.AppKey("shutting_down", asyncio.Event)
 
 __all__ = ["ANCHOR_WORKER", "BATCHER", "GENERATOR", "INTEGRATOR", "KEYS", "LEDGER",
-           "METRICS", "SETTINGS", "SHUTTING_DOWN", "SIGNER", "TRACER", "VAULT"]
+           "METRICS", "SETTINGS", "SHUTTING_DOWN", "SIGNER", "TRACER", "VAULT",
+           "LIFECYCLE", "SUPERVISOR", "IDEMPOTENCY"]

@@ -15,19 +15,22 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from inference_wrapper.batcher import Answer, QueueFullError, ShuttingDownError
+from inference_wrapper.batcher import Answer, CallerGoneError, QueueFullError, ShuttingDownError
 from inference_wrapper.contract import ContextLengthError
+from inference_wrapper.generator import PreparedRequest
 from inference_wrapper.params import MAX_SEED, GenerationParams, Limits
 from inference_wrapper.server.appkeys import (
     ANCHOR_WORKER,
     BATCHER,
     GENERATOR,
+    IDEMPOTENCY,
     INTEGRATOR,
     KEYS,
     LEDGER,
     METRICS,
     SETTINGS,
     SIGNER,
+    SUPERVISOR,
     TRACER,
 )
 from inference_wrapper.server.content import (
@@ -39,8 +42,10 @@ from inference_wrapper.server.content import (
     record_content,
     subject_from,
 )
+from inference_wrapper.server.idempotency import Rendered, key_from
 from inference_wrapper.server.problems import Problem, invalid
 from inference_wrapper.server.replica import replica_status
+from inference_wrapper.server.streaming import stream_answer
 from inference_wrapper.server.validation import (
     MAX_QUERY_INT,
     Field,
@@ -110,9 +115,9 @@ def _openai_common(limits: Limits) -> dict[str, Field]:
         "n": Field("integer", nullable=True, only=(1,),
                    description="choices per request: this server returns exactly one",
                    only_reason="one choice per request (send several requests for more)"),
-        "stream": Field("boolean", nullable=True, only=(False,),
-                        description="streaming is not offered by this server",
-                        only_reason="streaming is not offered; omit stream or send false"),
+        "stream": Field("boolean", nullable=True,
+                        description="server-sent events; the first chunk leaves only after "
+                        "a start record is durable, the final one carries the receipt"),
         "stop": Field("string-or-array", nullable=True, max_length=MAX_STOP_SEQUENCES,
                       items={"type": "string", "minLength": 1},
                       description="the output ends before the first of these sequences "
@@ -223,9 +228,9 @@ class Ask:
     subject: str | None = None  # data-subject id (content vault only)
 
 
-async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
-                           params: GenerationParams, started: float,
-                           ask: Ask = Ask()) -> Answer:
+async def prepare_audited(request: web.Request, key: ApiKey, prompt: str,
+                          params: GenerationParams, started: float,
+                          ask: Ask = Ask()) -> PreparedRequest:
     generator = request.app[GENERATOR]
     if not request.app[ANCHOR_WORKER].serving_allowed:
         raise Problem(503, "Service Unavailable", "anchoring lags beyond its SLO and the "
@@ -242,14 +247,35 @@ async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
     except InvalidInputError as exc:
         raise invalid(ask.field if exc.field == "prompt" else exc.field, exc.reason) from exc
     request.app[METRICS].observe("parse", prepared.parse_ms / 1000.0)
-    try:
-        answer = await asyncio.wait_for(request.app[BATCHER].submit(prepared),
-                                        request.app[SETTINGS].request_timeout_s)
-        request.app[TRACER].record(f"{request.method} {request.path}", answer.spans_ns, {
+    return prepared
+
+
+async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
+                           params: GenerationParams, started: float,
+                           render: Callable[[Answer], Rendered], body: Any,
+                           ask: Ask = Ask()) -> web.Response:
+    prepared = await prepare_audited(request, key, prompt, params, started, ask)
+    batcher, tracer = request.app[BATCHER], request.app[TRACER]
+
+    def caller_alive() -> bool:  # a disconnected caller's request is dropped before generate
+        transport = request.transport
+        return transport is not None and not transport.is_closing()
+
+    async def work() -> Rendered:
+        answer = await batcher.submit(prepared, caller_alive)
+        tracer.record(f"{request.method} {request.path}", answer.spans_ns, {
             "audit.record_id": answer.receipt.record_id,
             "audit.leaf_index": answer.receipt.leaf_index,
             "http.request_id": request.headers.get("X-Request-Id", "")})
-        return answer
+        return render(answer)
+
+    try:
+        idempotency_key = key_from(request)
+        if idempotency_key is not None:
+            return await request.app[IDEMPOTENCY].answer(request, key.tenant, idempotency_key,
+                                                         body, work)
+        rendered = await asyncio.wait_for(work(), request.app[SETTINGS].request_timeout_s)
+        return web.json_response(rendered[0], headers=rendered[1])
     except QueueFullError as exc:
         raise Problem(503, "Service Unavailable", str(exc), headers={"Retry-After": "1"}) from exc
     except ShuttingDownError as exc:
@@ -259,6 +285,9 @@ async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
     except ContentNotKeptError as exc:
         raise Problem(http_status_for(exc), "Service Unavailable", str(exc),
                       headers={"Retry-After": "1"}) from exc
+    except CallerGoneError as exc:  # nobody reads this answer; it keeps the log clean
+        raise Problem(503, "Service Unavailable", "the request was dropped before it ran: "
+                      "its caller went away", headers={"Retry-After": "1"}) from exc
     except BackendError as exc:
         # No durable record, no output: the answer is withheld. The error's own text may
         # hold SQL and the parameters of a whole group (other tenants' records): never sent.
@@ -328,31 +357,38 @@ async def generate(request: web.Request) -> web.Response:
     limits = request.app[GENERATOR].limits
     body = await read_body(request, generate_fields(limits))
     params = _params(request, body, "max_new_tokens", GenerationParams())
-    answer = await generate_audited(request, key, body["prompt"], params, started,
-                                    _ask(body, "prompt", "subject"))
-    return web.json_response(
-        {"output": answer.output.text,
-         "finish_reason": answer.output.record.body["data"]["finish_reason"],
-         "usage": usage_json(answer), "seed": seed_used(answer),
-         **receipt_json(answer)},
-        headers=receipt_headers(answer),
-    )
+
+    def render(answer: Answer) -> Rendered:
+        return ({"output": answer.output.text,
+                 "finish_reason": answer.output.record.body["data"]["finish_reason"],
+                 "usage": usage_json(answer), "seed": seed_used(answer),
+                 **receipt_json(answer)}, receipt_headers(answer))
+
+    return await generate_audited(request, key, body["prompt"], params, started, render, body,
+                                  _ask(body, "prompt", "subject"))
 
 
-async def completions(request: web.Request) -> web.Response:
+async def completions(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter() * 1000
     key = authorize(request, CLIENT_ROLES)
     body = await read_body(request, completion_fields(request.app[GENERATOR].limits))
     model = _check_model(request, body)
     params = _params(request, body, "max_tokens", GenerationParams(16, 1.0, 1.0))
-    answer = await generate_audited(request, key, body["prompt"], params, started,
-                                    _ask(body, "prompt", "user"))
-    return web.json_response(_openai_response(request, answer, model, "text_completion", {
-        "text": answer.output.text, "index": 0, "logprobs": None,
-    }), headers=receipt_headers(answer))
+    ask = _ask(body, "prompt", "user")
+    if body.get("stream"):
+        prepared = await prepare_audited(request, key, body["prompt"], params, started, ask)
+        return await stream_answer(request, prepared, model, "text_completion")
+
+    def render(answer: Answer) -> Rendered:
+        return _openai_response(request, answer, model, "text_completion", {
+            "text": answer.output.text, "index": 0, "logprobs": None,
+        }), receipt_headers(answer)
+
+    return await generate_audited(request, key, body["prompt"], params, started, render, body,
+                                  ask)
 
 
-async def chat_completions(request: web.Request) -> web.Response:
+async def chat_completions(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter() * 1000
     key = authorize(request, CLIENT_ROLES)
     body = await read_body(request, chat_fields(request.app[GENERATOR].limits))
@@ -375,11 +411,17 @@ async def chat_completions(request: web.Request) -> web.Response:
                           f"contract allows {contract.max_length}, and left truncation would "
                           "drop the system prompt; shorten the conversation",
                           code="context_length_exceeded")
-    answer = await generate_audited(request, key, prompt, params, started, ask)
-    return web.json_response(_openai_response(request, answer, model, "chat.completion", {
-        "index": 0, "logprobs": None,
-        "message": {"role": "assistant", "content": answer.output.text},
-    }), headers=receipt_headers(answer))
+    if body.get("stream"):
+        prepared = await prepare_audited(request, key, prompt, params, started, ask)
+        return await stream_answer(request, prepared, model, "chat.completion")
+
+    def render(answer: Answer) -> Rendered:
+        return _openai_response(request, answer, model, "chat.completion", {
+            "index": 0, "logprobs": None,
+            "message": {"role": "assistant", "content": answer.output.text},
+        }), receipt_headers(answer)
+
+    return await generate_audited(request, key, prompt, params, started, render, body, ask)
 
 
 def _check_messages(messages: list[Any]) -> list[dict[str, str]]:
@@ -584,7 +626,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     checks = {"model_loaded": request.app[GENERATOR].loaded.model is not None}
-    status = await asyncio.to_thread(request.app[ANCHOR_WORKER].status)
+    status = request.app[ANCHOR_WORKER].current()
     checks["anchoring_within_slo"] = (not status.slo_breached
                                       or request.app[ANCHOR_WORKER].policy == "keep-serving")
     try:
@@ -595,6 +637,7 @@ async def readyz(request: web.Request) -> web.Response:
     # A misconfigured anchor (unknown channel or chaincode) is named here, not only logged.
     anchor_error = request.app[ANCHOR_WORKER].config_error
     checks["anchor_configured"] = anchor_error is None
+    checks.update(request.app[SUPERVISOR].status())
     ready = all(checks.values())
     body: dict[str, Any] = {"ready": ready, "checks": checks}
     if anchor_error is not None:

@@ -38,8 +38,19 @@ class Settings:
     port: int = 8080
     max_batch: int = 32
     max_wait_ms: float = 5.0
+    # One bound on outstanding work: requests waiting, generating, being recorded and
+    # queued for the ledger, together. Beyond it: 503 with Retry-After.
     queue_limit: int = 256
     request_timeout_s: float = 120.0
+    # API keys are kept in memory and reloaded this often: a key revoked (or created) by
+    # another process takes effect within this many seconds.
+    api_key_cache_ttl_s: float = 5.0
+    # Idempotency-Key answers (with their salts) are kept this long, then purged.
+    idempotency_ttl_s: float = 24 * 3600.0
+    idempotency_purge_interval_s: float = 300.0
+    # Log lines wait in a queue of this many; beyond it they are dropped (and counted),
+    # so a stalled stdout never stalls requests.
+    log_queue_capacity: int = 10_000
     max_body_bytes: int = 64 * 1024
     checkpoint_interval_s: float = 1.0
     otel_exporter: str = "none"  # "none" or "console"

@@ -74,20 +74,35 @@ class AnchorWorker:
         self._running = threading.Lock()  # one anchoring attempt at a time per process
         self._thread: threading.Thread | None = None
         self.after_anchor: Callable[[], object] | None = None  # e.g. wake the witness client
+        # The last state read from the database, kept in memory so that routes and
+        # metrics never query on the event loop: (anchored, newest, backlog, oldest).
+        self._known: tuple[int, int, int, datetime | None] = (0, 0, 0, None)
 
     def status(self) -> AnchorStatus:
+        """Read the state from the database (blocking) and remember it."""
         anchored = self.store.latest()
         anchored_size = anchored.size if anchored else 0
         backlog, oldest, newest = self.ledger.checkpoints_after(anchored_size)
+        self._known = (anchored_size, newest, backlog, oldest)
+        return self.current()
+
+    def current(self) -> AnchorStatus:
+        """The remembered state, with the lag aged to now; no I/O."""
+        anchored_size, newest, backlog, oldest = self._known
         lag = 0.0
         if oldest is not None:
-            lag = (datetime.now(UTC).replace(tzinfo=None) - oldest).total_seconds()
+            lag = max(0.0, (datetime.now(UTC).replace(tzinfo=None) - oldest).total_seconds())
         return AnchorStatus(anchored_size, newest, backlog, lag, lag > self.lag_slo_s)
 
     @property
     def serving_allowed(self) -> bool:
         """False only under the fail-closed policy while the lag SLO is breached."""
-        return self.policy == "keep-serving" or not self.status().slo_breached
+        return self.policy == "keep-serving" or not self.current().slo_breached
+
+    @property
+    def alive(self) -> bool:
+        """False only if the thread ended without being asked to stop."""
+        return self._thread is None or self._thread.is_alive() or self._stop.is_set()
 
     def wake(self, *_: object) -> None:
         """A checkpoint was sealed: anchor it now rather than at the next interval."""
@@ -109,6 +124,10 @@ class AnchorWorker:
         return True
 
     def start(self) -> AnchorWorker:
+        try:
+            self.status()
+        except Exception:
+            log.warning("could not read the anchoring state at start")
         self._thread = threading.Thread(target=self._loop, name="anchor-worker", daemon=True)
         self._thread.start()
         return self
@@ -149,7 +168,11 @@ class AnchorWorker:
                 self.failures += 1
                 wait = min(self.max_backoff_s, self.interval_s * 2 ** self.failures)
                 log.exception("anchoring failed; retrying in %.1f s", wait)
-            status = self.status() if self.failures else None
-            if status is not None and status.slo_breached:
+            try:
+                status = self.status()
+            except Exception:  # the database is away: keep the last known state
+                log.warning("could not read the anchoring state; keeping the last one")
+                status = self.current()
+            if self.failures and status.slo_breached:
                 log.error("anchoring lag %.1f s breaches the %.1f s SLO (%d pending, policy %s)",
                           status.lag_s, self.lag_slo_s, status.backlog, self.policy)

@@ -203,6 +203,11 @@ class Integrator:
                 callback(sealed)
         return sealed
 
+    @property
+    def alive(self) -> bool:
+        """False only if the thread ended without being asked to stop."""
+        return self._thread is None or self._thread.is_alive() or self._stop.is_set()
+
     def start(self) -> Integrator:
         self._thread = threading.Thread(target=self._loop, name="integrator", daemon=True)
         self._thread.start()

@@ -176,3 +176,19 @@ legal_holds = Table(
     Column("released_at", DateTime),
     Index("ix_legal_holds_tenant", "tenant"),
 )
+
+# Short-lived answers to requests sent with an Idempotency-Key (salts included), so a
+# retry gets the original receipt. Not part of the log or the mirror; purged by TTL.
+receipts = Table(
+    "receipts",
+    metadata,
+    Column("tenant", String(128), nullable=False),
+    Column("idempotency_key", String(255), nullable=False),
+    Column("fingerprint", LargeBinary(32), nullable=False),  # SHA-256 of route and body
+    Column("state", String(8), nullable=False),  # "pending" or "done"
+    Column("response", Text, nullable=True),  # the JSON answer once done
+    Column("created_at", DateTime, nullable=False),
+    Column("expires_at", DateTime, nullable=False),
+    PrimaryKeyConstraint("tenant", "idempotency_key", name="pk_receipts"),
+    Index("ix_receipts_expires_at", "expires_at"),
+)

@@ -45,6 +45,7 @@ from ledger.errors import (
     BackendUnavailableError,
     DuplicateRecordError,
     InvalidInputError,
+    WorkerDiedError,
 )
 from ledger.record import AuditRecord, mirror_columns
 from ledger.store.schema import checkpoints, log_meta, records, tree_state
@@ -237,14 +238,24 @@ class _Pending:
         )
 
 
-def _settle(outcomes: list[tuple[asyncio.Future[Receipt], Receipt | BaseException]]) -> None:
+def _settle(outcomes: list[tuple[Any, Receipt | BaseException]]) -> None:
+    """Answer each future that is still waiting; one whose caller gave up (cancelled)
+    is skipped: setting it would raise and must never take the writer down."""
     for future, outcome in outcomes:
-        if future.done():  # the caller gave up waiting (cancelled)
+        if future.done():
             continue
         if isinstance(outcome, BaseException):
             future.set_exception(outcome)
         else:
             future.set_result(outcome)
+
+
+def _claim(future: Future[Receipt]) -> bool:
+    """True if the caller still waits; from now on it can no longer cancel."""
+    try:
+        return future.set_running_or_notify_cancel()
+    except RuntimeError:  # already answered
+        return False
 
 
 class SqlLedger:
@@ -258,11 +269,14 @@ class SqlLedger:
         self.engine = make_engine(url, pg=self.pg)
         self._writer_engine = make_engine(url, writer=True, sqlite_synchronous=sqlite_synchronous,
                                           pg=self.pg, role="writer")
-        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        # Items are single appends or lists of appends made in one event-loop turn.
+        self._queue: queue.SimpleQueue[_Pending | list[_Pending] | None] = queue.SimpleQueue()
+        self._turn_buffers: dict[asyncio.AbstractEventLoop, list[_Pending]] = {}
         self._compact: merkle.CompactRange | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self.failure: BaseException | None = None  # why the writer thread stopped, if it did
         self.groups_committed = 0  # transactions the writer committed (group commit)
         mark = "?" if not self.is_postgres else "%s"
         self._node_insert_sql = (
@@ -284,14 +298,21 @@ class SqlLedger:
                 self._thread.start()
         return self
 
-    def close(self) -> None:
-        """Commit everything queued so far, then stop the writer."""
+    def close(self, timeout_s: float | None = 60.0) -> None:
+        """Commit everything queued so far, then stop the writer.
+
+        Waits at most ``timeout_s`` for the writer; appends still queued after that (or
+        after the writer died) are failed, never left waiting.
+        """
         with self._lock:
             self._closed = True
             thread, self._thread = self._thread, None
         if thread is not None:
             self._queue.put(None)
-            thread.join()
+            thread.join(timeout_s)
+            if thread.is_alive():
+                log.error("the ledger writer did not stop within %.0f s", timeout_s or 0)
+        self._fail_queued(BackendUnavailableError("ledger is closed"))
         self.engine.dispose()
         self._writer_engine.dispose()
 
@@ -303,12 +324,59 @@ class SqlLedger:
 
     # --- appending ------------------------------------------------------------------
 
-    def _enqueue(self, pending: _Pending) -> None:
+    @property
+    def writer_alive(self) -> bool:
+        """False once the writer thread has died (not merely stopped by ``close``)."""
+        return self.failure is None
+
+    def _check_open(self) -> None:
+        if self.failure is not None:
+            raise WorkerDiedError("ledger-writer")
         if self._closed:
             raise BackendUnavailableError("ledger is closed")
-        if self._thread is None:
-            self.start()
-        self._queue.put(pending)
+
+    def _enqueue(self, item: _Pending | list[_Pending]) -> None:
+        with self._lock:  # close() and a dying writer change these under the same lock
+            self._check_open()
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._writer_loop, name="ledger-writer", daemon=True
+                )
+                self._thread.start()
+            self._queue.put(item)
+
+    def _enqueue_this_turn(self, pending: _Pending, loop: asyncio.AbstractEventLoop) -> None:
+        """Gather the appends made in one turn of ``loop`` into one queue item.
+
+        A batch's records are appended together; queued one by one, the writer would
+        wake on the first and commit the batch in several transactions (several fsyncs),
+        releasing its answers in waves.
+        """
+        with self._lock:
+            self._check_open()
+        buffer = self._turn_buffers.get(loop)
+        if buffer is None:
+            buffer = self._turn_buffers[loop] = []
+            loop.call_soon(self._flush_turn, loop)
+        buffer.append(pending)
+
+    def _flush_turn(self, loop: asyncio.AbstractEventLoop) -> None:
+        buffer = self._turn_buffers.pop(loop, [])
+        try:
+            self._enqueue(buffer)
+        except BackendError as exc:  # closed or dead since the appends were made
+            _settle([(p.future, exc) for p in buffer])
+
+    def _fail_queued(self, error: BaseException) -> None:
+        """Answer every append still in the queue with ``error``."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                items = item if isinstance(item, list) else [item]
+                self._answer(items, [error] * len(items))
 
     def submit(self, record: AuditRecord) -> Future[Receipt]:
         """Queue an append; the future resolves once it is durably committed."""
@@ -322,28 +390,49 @@ class SqlLedger:
 
     async def append_async(self, record: AuditRecord) -> Receipt:
         """Append from asyncio; a whole group's waiters are woken with one loop call."""
-        pending = _Pending(record, asyncio.get_running_loop())
-        self._enqueue(pending)
+        loop = asyncio.get_running_loop()
+        pending = _Pending(record, loop)
+        self._enqueue_this_turn(pending, loop)
         assert isinstance(pending.future, asyncio.Future)
         return await pending.future
 
     def _writer_loop(self) -> None:
-        stopping = False
-        while not stopping:
-            first = self._queue.get()
-            if first is None:
-                break
-            group = [first]
-            while len(group) < MAX_GROUP:
+        group: list[_Pending] = []
+        try:
+            stopping = False
+            while not stopping:
+                first = self._queue.get()
+                if first is None:
+                    break
+                group = list(first) if isinstance(first, list) else [first]
+                while len(group) < MAX_GROUP:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is None:
+                        stopping = True
+                        break
+                    if isinstance(item, list):
+                        group.extend(item)
+                    else:
+                        group.append(item)
+                if not group:
+                    continue
                 try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    stopping = True
-                    break
-                group.append(item)
-            self._commit_group(group)
+                    self._commit_group(group)
+                except Exception:  # a bug answering one group must not stop the writer
+                    log.exception("the ledger writer failed to answer a group; continuing")
+                    self._answer(group, [BackendError("append failed")] * len(group))
+                group = []
+        except BaseException as exc:  # the thread is going away: nobody may wait forever
+            with self._lock:
+                self.failure = exc
+            log.critical("the ledger writer thread died", exc_info=True)
+            died = WorkerDiedError("ledger-writer")
+            self._answer(group, [died] * len(group))
+            self._fail_queued(died)
+            raise
 
     def _commit_group(self, group: list[_Pending]) -> None:
         outcomes: list[Receipt | BaseException]
@@ -360,14 +449,19 @@ class SqlLedger:
                 error = BackendError(f"append failed: {exc}")
             error.__cause__ = exc
             outcomes = [error] * len(group)
+        self._answer(group, outcomes)
+
+    @staticmethod
+    def _answer(group: Sequence[_Pending], outcomes: Sequence[Receipt | BaseException]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+        direct: list[Any] = []
         for pending, outcome in zip(group, outcomes, strict=True):
             if pending.loop is not None:
                 by_loop.setdefault(pending.loop, []).append((pending.future, outcome))
-            elif isinstance(outcome, BaseException):
-                pending.future.set_exception(outcome)
             else:
-                pending.future.set_result(outcome)
+                direct.append((pending.future, outcome))
+        # A thread future is cancelled by its caller from any thread: claim it first.
+        _settle([(f, o) for f, o in direct if _claim(f)])
         for loop, items in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_settle, items)

@@ -298,7 +298,11 @@ async def test_health_readiness_metrics(service: Any) -> None:
     replica = ready.pop("replica")
     assert ready == {"ready": True, "checks": {"model_loaded": True, "ledger_reachable": True,
                                                "anchoring_within_slo": True,
-                                               "anchor_configured": True}}
+                                               "anchor_configured": True,
+                                               "worker:ledger-writer": True,
+                                               "worker:batcher": True,
+                                               "worker:integrator": True,
+                                               "worker:anchor-worker": True}}
     assert replica["holds_lease"] is True and replica["id"] == app[INTEGRATOR].replica_id
     assert replica["latest_sealed_by"] == replica["id"]
     assert 0 <= replica["last_seal_age_s"] < 3600 and replica["origin"] == app[SETTINGS].origin

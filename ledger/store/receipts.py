@@ -1,0 +1,101 @@
+"""The receipts store: answers to requests sent with an ``Idempotency-Key``.
+
+One row per (tenant, key). A request claims its key (state ``pending``) before it
+generates; when its record commits, the whole answer, salts included, is stored (state
+``done``) whether or not the caller is still listening. A retry with the same key and
+body gets that answer; a different body is refused. Rows expire after a TTL and are
+purged; this table is never part of the log or the mirror.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from ledger.store.schema import receipts
+
+
+@dataclass(frozen=True)
+class StoredReceipt:
+    fingerprint: bytes
+    state: str  # "pending" or "done"
+    response: dict[str, Any] | None
+    created_at: datetime
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+class ReceiptStore:
+    def __init__(self, engine: Engine, ttl_s: float = 24 * 3600.0) -> None:
+        self.engine = engine
+        self.ttl = timedelta(seconds=ttl_s)
+
+    def claim(self, tenant: str, key: str, fingerprint: bytes,
+              stale_after_s: float) -> StoredReceipt | None:
+        """Claim ``key`` for a new request: None if claimed, else the row that holds it.
+
+        An expired row, or a ``pending`` one older than ``stale_after_s`` (its process
+        died before answering), is taken over.
+        """
+        now = _now()
+        values = {"fingerprint": fingerprint, "state": "pending", "response": None,
+                  "created_at": now, "expires_at": now + self.ttl}
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(insert(receipts).values(tenant=tenant, idempotency_key=key,
+                                                     **values))
+            return None
+        except IntegrityError:
+            pass
+        stale = now - timedelta(seconds=stale_after_s)
+        with self.engine.begin() as conn:
+            taken = conn.execute(
+                update(receipts)
+                .where(receipts.c.tenant == tenant, receipts.c.idempotency_key == key)
+                .where((receipts.c.expires_at < now)
+                       | ((receipts.c.state == "pending") & (receipts.c.created_at < stale)))
+                .values(**values)
+            ).rowcount
+        if taken:
+            return None
+        found = self.get(tenant, key)
+        if found is None:  # purged between the two statements: try once more
+            return self.claim(tenant, key, fingerprint, stale_after_s)
+        return found
+
+    def get(self, tenant: str, key: str) -> StoredReceipt | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(receipts).where(
+                receipts.c.tenant == tenant, receipts.c.idempotency_key == key)).first()
+        if row is None:
+            return None
+        return StoredReceipt(bytes(row.fingerprint), row.state,
+                             json.loads(row.response) if row.response else None,
+                             row.created_at)
+
+    def complete(self, tenant: str, key: str, response: dict[str, Any]) -> None:
+        """Store the answer of a claimed key (its record is committed)."""
+        with self.engine.begin() as conn:
+            conn.execute(update(receipts).where(
+                receipts.c.tenant == tenant, receipts.c.idempotency_key == key)
+                .values(state="done", response=json.dumps(response)))
+
+    def release(self, tenant: str, key: str) -> None:
+        """Give a pending claim up (nothing was committed): a retry may generate."""
+        with self.engine.begin() as conn:
+            conn.execute(delete(receipts).where(
+                receipts.c.tenant == tenant, receipts.c.idempotency_key == key,
+                receipts.c.state == "pending"))
+
+    def purge(self) -> int:
+        """Delete every expired row; returns how many."""
+        with self.engine.begin() as conn:
+            result = conn.execute(delete(receipts).where(receipts.c.expires_at < _now()))
+        return int(result.rowcount or 0)

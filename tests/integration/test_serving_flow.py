@@ -1,0 +1,359 @@
+"""Backpressure, dropping abandoned requests, idempotent retries and streaming, over real
+HTTP on loopback with the tiny model (gated by events, never by sleeping)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inference_wrapper.server.app import BATCHER, IDEMPOTENCY, KEYS, LEDGER, create_app
+from inference_wrapper.server.settings import Settings
+from ledger.digest import commitment_matches
+from ledger.stream_record import STREAM_START_SCHEMA
+
+MakeClient = Callable[..., Any]
+
+
+class GatedGenerator:
+    """The tiny generator, but ``run_batch`` waits until the test opens the gate."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.gate = threading.Event()
+        self.batches: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def run_batch(self, requests: Sequence[Any], min_length: int = 0) -> Any:
+        self.batches.append(len(requests))
+        assert self.gate.wait(120), "the test never opened the gate"
+        return self.inner.run_batch(requests, min_length)
+
+
+@pytest.fixture()
+def settings(tmp_path: Path) -> Settings:
+    return Settings(database_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+                    log_key_path=tmp_path / "log.key", max_wait_ms=1.0,
+                    checkpoint_interval_s=0.1)
+
+
+async def _until(predicate: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def bearer(token: str, **extra: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}", **extra}
+
+
+async def _start(aiohttp_client: MakeClient, settings: Settings, generator: Any) -> Any:
+    app = create_app(settings, generator)
+    client = await aiohttp_client(app)
+    return client, app, app[KEYS].create("bank-a", "client")[0]
+
+
+# --- one bound on outstanding work ----------------------------------------------------
+
+
+async def test_outstanding_work_beyond_the_bound_gets_503_with_retry_after(
+    aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any
+) -> None:
+    gated = GatedGenerator(tiny_generator)
+    client, app, token = await _start(aiohttp_client, replace(settings, queue_limit=3,
+                                                              max_batch=1), gated)
+    first = [asyncio.ensure_future(client.post(
+        "/v1/generate", json={"prompt": f"p{i}", "max_new_tokens": 2}, headers=bearer(token)))
+        for i in range(3)]
+    await _until(lambda: app[BATCHER].outstanding == 3 and len(gated.batches) == 1,
+                 "three requests outstanding, one in the model")
+    over = await client.post("/v1/generate", json={"prompt": "over", "max_new_tokens": 2},
+                             headers=bearer(token))
+    assert over.status == 503 and over.headers["Retry-After"] == "1"
+    assert "outstanding" in (await over.json())["detail"]
+    gated.gate.set()
+    assert [r.status for r in await asyncio.gather(*first)] == [200, 200, 200]
+    assert app[LEDGER].tree_head()[0] == 3
+
+
+async def test_a_timed_out_queued_request_is_dropped_before_generate(
+    aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any
+) -> None:
+    gated = GatedGenerator(tiny_generator)
+    client, app, token = await _start(aiohttp_client, replace(
+        settings, max_batch=1, request_timeout_s=0.2), gated)
+    in_model = asyncio.ensure_future(client.post(
+        "/v1/generate", json={"prompt": "first", "max_new_tokens": 2}, headers=bearer(token)))
+    await _until(lambda: len(gated.batches) == 1, "the first request in the model")
+    queued = await client.post("/v1/generate", json={"prompt": "second", "max_new_tokens": 2},
+                               headers=bearer(token))
+    assert queued.status == 504
+    assert (await in_model).status == 504
+    assert app[BATCHER].dropped == 1
+    gated.gate.set()
+    await _until(lambda: app[BATCHER].outstanding == 0, "the first request committed")
+    assert gated.batches == [1]  # the second never reached the model
+    assert app[LEDGER].tree_head()[0] == 1  # the first one, in the model already, committed
+
+
+async def test_a_queued_request_whose_caller_disconnected_is_dropped_before_generate(
+    aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any
+) -> None:
+    import aiohttp
+
+    gated = GatedGenerator(tiny_generator)
+    client, app, token = await _start(aiohttp_client, replace(settings, max_batch=1), gated)
+    in_model = asyncio.ensure_future(client.post(
+        "/v1/generate", json={"prompt": "first", "max_new_tokens": 2}, headers=bearer(token)))
+    await _until(lambda: len(gated.batches) == 1, "the first request in the model")
+    session = aiohttp.ClientSession()
+    leaving = asyncio.ensure_future(session.post(
+        client.make_url("/v1/generate"), json={"prompt": "second", "max_new_tokens": 2},
+        headers=bearer(token)))
+    await _until(lambda: app[BATCHER].outstanding == 2, "the second request queued")
+    leaving.cancel()
+    await session.close()  # the caller hangs up while its request waits
+    await asyncio.wait([leaving])
+    gated.gate.set()
+    assert (await in_model).status == 200
+    await _until(lambda: app[BATCHER].outstanding == 0, "the queue empty")
+    assert gated.batches == [1]  # the second never reached the model
+    assert app[BATCHER].dropped == 1
+    assert app[LEDGER].tree_head()[0] == 1
+
+
+# --- Idempotency-Key ----------------------------------------------------------------------
+
+
+async def test_a_repeat_with_the_same_key_returns_the_original_answer(
+    aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any
+) -> None:
+    client, app, token = await _start(aiohttp_client, settings, tiny_generator)
+    headers = bearer(token, **{"Idempotency-Key": "order-17"})
+    body = {"prompt": "pay invoice 17", "max_new_tokens": 4, "temperature": 1.0}
+    first = await client.post("/v1/generate", json=body, headers=headers)
+    # Same JSON, other spacing and key order: the same request.
+    again = await client.post("/v1/generate", data=json.dumps(dict(reversed(body.items())),
+                              indent=2), headers={**headers, "Content-Type": "application/json"})
+    assert first.status == again.status == 200
+    one, two = await first.json(), await again.json()
+    assert one == two  # salts included
+    assert again.headers["X-Audit-Record-Id"] == one["record_id"]
+    assert app[LEDGER].tree_head()[0] == 1
+    other = await client.post("/v1/generate", json={**body, "prompt": "pay invoice 18"},
+                              headers=headers)
+    assert other.status == 422
+    assert (await other.json())["field"] == "Idempotency-Key"
+    # Keys are per tenant: tenant b's "order-17" is another request.
+    token_b = app[KEYS].create("bank-b", "client")[0]
+    theirs = await client.post("/v1/generate", json=body,
+                               headers=bearer(token_b, **{"Idempotency-Key": "order-17"}))
+    assert theirs.status == 200 and (await theirs.json())["record_id"] != one["record_id"]
+    assert app[LEDGER].tree_head()[0] == 2
+    bad = await client.post("/v1/generate", json=body,
+                            headers=bearer(token, **{"Idempotency-Key": "has space"}))
+    assert bad.status == 422 and (await bad.json())["field"] == "Idempotency-Key"
+
+
+async def test_openai_client_retrying_a_timed_out_request_makes_one_record_and_gets_it(
+    aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any
+) -> None:
+    import httpx2 as httpx
+    from openai import AsyncOpenAI
+
+    gated = GatedGenerator(tiny_generator)
+    client, app, token = await _start(aiohttp_client, replace(settings, request_timeout_s=0.05),
+                                      gated)
+    key = f"retry-{uuid.uuid4().hex}"
+    statuses: list[int] = []
+
+    async def on_response(response: httpx.Response) -> None:
+        statuses.append(response.status_code)
+        if response.status_code == 504 and not gated.gate.is_set():
+            # The server timed out while generating; let generation finish and wait until
+            # its answer is stored, so the client's retry can only find it there.
+            gated.gate.set()
+            store = app[IDEMPOTENCY].store
+
+            def stored() -> bool:
+                found = store.get("bank-a", key)
+                return found is not None and found.state == "done"
+
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
+            while not await asyncio.to_thread(stored):
+                assert loop.time() < deadline, "the answer was never stored"
+                await asyncio.sleep(0.01)
+
+    http = httpx.AsyncClient(event_hooks={"response": [on_response]})
+    openai = AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key=token,
+                         http_client=http)  # default retries (2)
+    completion = await openai.completions.create(
+        model="tiny-llama", prompt="Transfer 100 to account", max_tokens=4, temperature=0,
+        extra_headers={"Idempotency-Key": key})
+    await openai.close()
+    assert statuses == [504, 200]
+    assert gated.batches == [1]  # generated once
+    assert app[LEDGER].tree_head()[0] == 1  # one record
+    audit = completion.model_extra["audit"]  # type: ignore[index]
+    row = app[LEDGER].get_record(audit["record_id"])
+    assert row is not None and row.leaf_index == audit["leaf_index"]
+    data = json.loads(row.canonical)["data"]
+    assert commitment_matches(data["input_commitment"], bytes.fromhex(audit["input_salt"]),
+                              "Transfer 100 to account")
+    assert commitment_matches(data["output_commitment"], bytes.fromhex(audit["output_salt"]),
+                              completion.choices[0].text)
+
+
+# --- streaming ----------------------------------------------------------------------------
+
+
+async def test_streamed_chat_with_the_official_client_ends_with_the_receipt(
+    aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any
+) -> None:
+    from openai import AsyncOpenAI
+
+    client, app, token = await _start(aiohttp_client, settings, tiny_generator)
+    openai = AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key=token, max_retries=0)
+    stream = await openai.chat.completions.create(
+        model="tiny-llama", messages=[{"role": "user", "content": "Say hi"}], max_tokens=12,
+        temperature=0, stream=True)
+    chunks = [chunk async for chunk in stream]
+    await openai.close()
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    final = chunks[-1]
+    assert final.choices[0].finish_reason in ("stop", "length")
+    audit = final.model_extra["audit"]  # type: ignore[index]
+    assert all(c.model_extra.get("audit") is None for c in chunks[:-1])  # type: ignore[union-attr]
+    assert len({c.id for c in chunks}) == 1
+    assert chunks[0].id == f"chatcmpl-{audit['stream_start_record_id']}"
+
+    ledger = app[LEDGER]
+    start_row = ledger.get_record(audit["stream_start_record_id"])
+    done_row = ledger.get_record(audit["record_id"])
+    assert start_row is not None and done_row is not None
+    assert start_row.leaf_index == audit["stream_start_leaf_index"] < done_row.leaf_index
+    start, done = json.loads(start_row.canonical), json.loads(done_row.canonical)
+    assert start["schema"] == STREAM_START_SCHEMA and "output_commitment" not in start["data"]
+    assert done["data"]["stream_start_record_id"] == start["record_id"]
+    salt_in, salt_out = (bytes.fromhex(audit["input_salt"]), bytes.fromhex(audit["output_salt"]))
+    tokenizer = tiny_generator.loaded.tokenizer
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Say hi"}],
+                                           tokenize=False, add_generation_prompt=True)
+    assert commitment_matches(start["data"]["input_commitment"], salt_in, prompt)
+    assert done["data"]["input_commitment"] == start["data"]["input_commitment"]
+    assert commitment_matches(done["data"]["output_commitment"], salt_out, text)
+    assert start["data"]["generation"]["max_new_tokens"] == 12
+
+
+async def test_streamed_completion_over_raw_sse(
+    aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any
+) -> None:
+    client, app, token = await _start(aiohttp_client, settings, tiny_generator)
+    response = await client.post("/v1/completions", json={
+        "model": "tiny-llama", "prompt": "Once upon", "max_tokens": 6, "temperature": 0,
+        "stream": True}, headers=bearer(token))
+    assert response.status == 200
+    assert response.headers["Content-Type"].startswith("text/event-stream")
+    events = [line[len("data: "):] for line in (await response.text()).split("\n\n")
+              if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "text_completion" for c in chunks)
+    audit = chunks[-1]["audit"]
+    row = app[LEDGER].get_record(audit["record_id"])
+    assert row is not None
+    record = json.loads(row.canonical)
+    text = "".join(c["choices"][0]["text"] for c in chunks)
+    assert commitment_matches(record["data"]["output_commitment"],
+                              bytes.fromhex(audit["output_salt"]), text)
+    fetched = await (await client.get(f"/v1/records/{audit['stream_start_record_id']}",
+                                      headers=bearer(token))).json()
+    assert fetched["record"]["schema"] == STREAM_START_SCHEMA
+    assert base64.b64decode(fetched["canonical_base64"]) == app[LEDGER].get_record(
+        audit["stream_start_record_id"]).canonical  # type: ignore[union-attr]
+
+
+# --- API keys from memory -----------------------------------------------------------------
+
+
+async def test_a_key_revoked_by_another_process_stops_working_within_the_ttl(
+    aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any
+) -> None:
+    from ledger.store.apikeys import ApiKeyStore
+    from ledger.store.sql import make_engine
+
+    client, app, _ = await _start(aiohttp_client, replace(settings, api_key_cache_ttl_s=0.2),
+                                  tiny_generator)
+    engine = make_engine(settings.database_url)
+    elsewhere = ApiKeyStore(engine)  # e.g. `audit-ledger keys` in another process
+    token, key = elsewhere.create("bank-c", "client")
+
+    async def status() -> int:
+        return int((await client.get("/v1/models", headers=bearer(token))).status)
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while await status() != 200:  # a key created elsewhere is known after a reload
+        assert loop.time() < deadline, "the new key was never accepted"
+        await asyncio.sleep(0.05)
+    assert elsewhere.revoke(key.key_id)
+    deadline = loop.time() + 60
+    while await status() != 401:
+        assert loop.time() < deadline, "the revoked key was still accepted"
+        await asyncio.sleep(0.05)
+    engine.dispose()
+
+
+async def test_no_chunk_leaves_when_the_start_record_cannot_be_committed(
+    aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ledger.errors import BackendUnavailableError
+
+    client, app, token = await _start(aiohttp_client, settings, tiny_generator)
+
+    async def broken(record: Any) -> Any:
+        raise BackendUnavailableError("database is down")
+
+    monkeypatch.setattr(app[LEDGER], "append_async", broken)
+    response = await client.post("/v1/chat/completions", json={
+        "model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4, "stream": True}, headers=bearer(token))
+    assert response.status == 503
+    assert response.content_type == "application/problem+json"
+    assert "data:" not in await response.text()
+    assert app[BATCHER].outstanding == 0 and app[LEDGER].tree_head()[0] == 0
+
+
+def test_expired_receipts_are_purged(settings: Settings) -> None:
+    from ledger.store.migrate import upgrade
+    from ledger.store.receipts import ReceiptStore
+    from ledger.store.sql import make_engine
+
+    upgrade(settings.database_url)
+    engine = make_engine(settings.database_url)
+    kept, expired = ReceiptStore(engine), ReceiptStore(engine, ttl_s=-1)
+    assert kept.claim("bank-a", "k1", b"x" * 32, stale_after_s=600) is None
+    assert expired.claim("bank-a", "k2", b"y" * 32, stale_after_s=600) is None
+    expired.complete("bank-a", "k2", {"body": {"salt": "ab"}, "headers": {}})
+    assert kept.purge() == 1
+    assert kept.get("bank-a", "k2") is None
+    held = kept.get("bank-a", "k1")
+    assert held is not None and held.state == "pending"
+    # The same key again, other body: the holder is returned to the caller to compare.
+    again = kept.claim("bank-a", "k1", b"z" * 32, stale_after_s=600)
+    assert again is not None and again.fingerprint == b"x" * 32
+    engine.dispose()

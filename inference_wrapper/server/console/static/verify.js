@@ -74,16 +74,19 @@ async function rootFromInclusion(leaf, index, size, proof) {
 
 // A signed-note verifier key: name+hex(key hash)+base64(0x01 || Ed25519 public key).
 async function decodeVerifierKey(text) {
-  const parts = text.trim().split("+");
-  if (parts.length !== 3) throw new Error("a verifier key is name+hash+key");
-  const [name, hashHex, keyB64] = parts;
+  // The name has no "+"; the base64 key may, so split at the first two only.
+  const trimmed = text.trim();
+  const first = trimmed.indexOf("+"), second = trimmed.indexOf("+", first + 1);
+  if (first <= 0 || second < 0) throw new Error("a verifier key is name+hash+key");
+  const name = trimmed.slice(0, first), hashHex = trimmed.slice(first + 1, second);
+  const keyB64 = trimmed.slice(second + 1);
   const raw = b64decode(keyB64);
   if (raw.length !== 33 || raw[0] !== 1) throw new Error("only Ed25519 verifier keys are supported");
   const pub = raw.slice(1);
   const keyHash = (await sha256(concat(enc.encode(name + "\n"), new Uint8Array([1]), pub))).slice(0, 4);
   if (hex(keyHash) !== hashHex) throw new Error("the key hash does not match the key");
   const key = await crypto.subtle.importKey("raw", pub, { name: "Ed25519" }, false, ["verify"]);
-  return { name, keyHash, key, text: text.trim() };
+  return { name, keyHash, key, text: trimmed };
 }
 
 // Body and signature lines of a signed note; the body ends with its last newline.

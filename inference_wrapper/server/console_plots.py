@@ -108,7 +108,9 @@ def timeline_svg(points: Sequence[Point], changes: Sequence[Change], *,
     if not points:
         parts.append(f'<text x="{left}" y="{top + 20}">no records in range</text>')
         return "".join(parts) + "</svg>"
-    start, end = points[0].created_at, points[-1].created_at
+    # Log order is not time order (several writers, clocks): scale by the extremes.
+    start = min(p.created_at for p in points)
+    end = max(p.created_at for p in points)
     span = max((end - start).total_seconds(), 1.0)
     for lane, (field, label) in enumerate(TIMELINE_FIELDS):
         y = top + lane * lane_h + lane_h // 2

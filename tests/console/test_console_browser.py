@@ -155,7 +155,7 @@ async def test_sign_in_search_open_record_and_every_browser_check_passes(
     # The pinned key is a public key; it stays in this tab's session storage.
     assert await page.evaluate("Object.keys(localStorage).length") == 0
     if SHOTS:
-        await page.screenshot(path=str(Path(SHOTS) / "console-record.png"), full_page=True)
+        await page.screenshot(path=str(Path(SHOTS) / "console-record.png"))
         await page.goto(f"{console.base_url}/console/plots?since=2026-11-30T08:00")
         await page.locator("#changes").wait_for()
         await page.screenshot(path=str(Path(SHOTS) / "console-plots.png"), full_page=True)
@@ -212,6 +212,8 @@ async def test_lying_server_is_caught_by_the_page(
             f"NOT verified: check {failed_check} failed")
         await expect(page.locator(f"#check-{failed_check} .reason")).to_contain_text(reason)
         checks = await statuses(page)
+        if SHOTS and lie is altered_bytes:
+            await page.screenshot(path=str(Path(SHOTS) / "console-record-lying.png"))
         assert checks[failed_check] == "fail"
         assert [n for n in (1, 2, 3) if checks[n] == "fail"] == [failed_check]
     finally:

@@ -30,7 +30,8 @@ def test_per_minute_counts_each_minute_and_skips_empty_ones() -> None:
 
 def test_changes_name_when_and_how_many_records_on_each_side() -> None:
     points = [point(0), point(1), point(2, driver_version="560"), point(3, driver_version="560"),
-              point(4, driver_version="560", service_revision="r2"), point(5, driver_version="550", service_revision="r2")]
+              point(4, driver_version="560", service_revision="r2"),
+              point(5, driver_version="550", service_revision="r2")]
     changes = fingerprint_changes(points)
     summary = [(c.field, c.at, c.before, c.after, c.records_before, c.records_after)
                for c in changes]

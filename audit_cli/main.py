@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from ledger.errors import BackendError, InvalidInputError, LedgerError, VerificationError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
-SUBCOMMANDS = ("doctor", "generate", "serve", "keys", "verify", "export", "query", "log", "audit")
+SUBCOMMANDS = ("doctor", "generate", "serve", "keys", "verify", "export", "query", "log", "audit",
+               "report")
 
 
 def build_parser() -> argparse.ArgumentParser:

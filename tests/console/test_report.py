@@ -1,0 +1,119 @@
+"""`audit-ledger report`: the evidence pack over a time range, from a real SQLite ledger."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from playwright.async_api import async_playwright
+from sqlalchemy import update
+
+from audit_cli.main import main
+from ledger.anchor.local import LocalAnchor
+from ledger.checkpoint import NoteSigner
+from ledger.store.migrate import upgrade
+from ledger.store.schema import records
+from ledger.store.sql import SqlLedger
+from tests.console.conftest import synthetic
+from tests.console.test_console_browser import CHROMIUM_ARGS
+
+ORIGIN = "audit-ledger.test/log"
+RANGE = ["--from", "2026-11-30T09:00:00", "--to", "2026-11-30T10:00:00"]
+
+
+@pytest.fixture()
+def ledger_db(tmp_path: Path) -> tuple[str, str]:
+    """Seven records over two drivers and two tenants, sealed, anchored locally."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade(url)
+    signer = NoteSigner(ORIGIN, Ed25519PrivateKey.generate())
+    with SqlLedger(url) as ledger:
+        for i in range(7):
+            ledger.append(synthetic(i))
+        sealed = ledger.seal_checkpoint(signer, ORIGIN)
+        assert sealed is not None
+        LocalAnchor(ledger, signer.verifier(), ORIGIN).anchor(sealed.note)
+    return url, signer.verifier().encode()
+
+
+def report(url: str, key: str, out: Path, *extra: str) -> int:
+    return main(["report", "--db", url, "--log-key", key, "--out", str(out), *extra])
+
+
+def test_complete_pack_has_scope_checkpoints_counts_and_timeline(
+        ledger_db: tuple[str, str], tmp_path: Path) -> None:
+    url, key = ledger_db
+    out = tmp_path / "pack"
+    # The checkpoint was sealed now, not in the records' hour: the range reaches it.
+    assert report(url, key, out, "--from", "2026-11-30T09:00:00", "--to", "2100-01-01") == 0
+    html = (out / "report.html").read_text()
+    assert 'id="audit-verdict">COMPLETE: 7 records in range' in html
+    assert '<p id="record-count">7 records in scope.</p>' in html
+    assert "<td>bank-a</td><td>4</td>" in html and "<td>bank-b</td><td>3</td>" in html
+    assert "<td>NVIDIA H200</td><td>7</td>" in html
+    assert re.search(r"<td>7</td><td>[0-9a-f]{64}</td><td>[^<]+</td><td>valid</td>", html)
+    assert "<td>local</td><td>local:7</td>" in html
+    assert ("<td>driver</td><td>550.54.15</td><td>4</td><td>560.35.03</td><td>3</td>"
+            in html)
+    assert key in html
+    digest, name = (out / "report.html.sha256").read_text().split()
+    assert name == "report.html"
+    assert digest == "sha256:" + hashlib.sha256((out / "report.html").read_bytes()).hexdigest()
+
+
+def test_tenant_scope_counts_only_that_tenant(ledger_db: tuple[str, str],
+                                              tmp_path: Path) -> None:
+    url, key = ledger_db
+    assert report(url, key, tmp_path / "pack", *RANGE, "--tenant", "bank-b") == 0
+    html = (tmp_path / "pack" / "report.html").read_text()
+    assert '<p id="record-count">3 records in scope.</p>' in html
+    assert "<td>bank-a</td>" not in html
+
+
+def test_edited_mirror_row_makes_the_pack_say_not_complete(ledger_db: tuple[str, str],
+                                                           tmp_path: Path) -> None:
+    url, key = ledger_db
+    with SqlLedger(url) as ledger, ledger.engine.begin() as conn:
+        conn.execute(update(records).where(records.c.leaf_index == 2)
+                     .values(driver_version="999.0"))
+    assert report(url, key, tmp_path / "pack", *RANGE) == 1
+    html = (tmp_path / "pack" / "report.html").read_text()
+    assert 'class="bad" id="audit-verdict">NOT COMPLETE' in html
+    assert "<td>column_mismatch</td><td>2</td>" in html
+
+
+def test_another_pinned_key_writes_no_pack_and_fails(ledger_db: tuple[str, str],
+                                                     tmp_path: Path) -> None:
+    url, _ = ledger_db
+    other = NoteSigner(ORIGIN, Ed25519PrivateKey.generate()).verifier().encode()
+    assert report(url, other, tmp_path / "pack", *RANGE) == 1
+    assert not (tmp_path / "pack").exists()
+
+
+def test_range_that_ends_before_it_starts_is_a_usage_error(ledger_db: tuple[str, str],
+                                                            tmp_path: Path) -> None:
+    url, key = ledger_db
+    assert report(url, key, tmp_path / "pack", "--from", "2026-11-30T10:00:00",
+                  "--to", "2026-11-30T09:00:00") == 2
+
+
+async def test_the_report_renders_to_pdf_in_chromium(ledger_db: tuple[str, str],
+                                                     tmp_path: Path) -> None:
+    url, key = ledger_db
+    assert report(url, key, tmp_path / "pack", *RANGE) == 0
+    executable = shutil.which("chromium")
+    assert executable, "Debian's chromium is missing: run `make setup`"
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=executable,
+                                                   args=CHROMIUM_ARGS, headless=True)
+        page = await browser.new_page()
+        await page.goto((tmp_path / "pack" / "report.html").as_uri())
+        assert await page.locator("svg").count() == 2
+        pdf = await page.pdf(path=str(tmp_path / "report.pdf"))
+        await browser.close()
+    assert pdf.startswith(b"%PDF-")
+    assert len(re.findall(rb"/Type\s*/Page\b", pdf)) >= 2  # a multi-page document

@@ -243,3 +243,40 @@ async def test_pinning_a_key_whose_base64_has_a_plus_sign(
     # Not the log's key: the page refuses the checkpoint at check 3.
     await expect(page.locator("#check-3 .reason")).to_contain_text(
         "note carries no signature by key")
+
+
+async def test_the_pages_inclusion_fold_matches_rfc_9162_for_every_leaf_of_small_trees(
+        console: Console, browser: Browser) -> None:
+    """verify.js's proof folding against the RFC's own recursive definition (tests/
+    merkle_reference.py), for every index of trees of 1 to 17 leaves, and one index off."""
+    from ledger.merkle import hash_leaf
+    from tests import merkle_reference
+
+    page = await new_page(browser)
+    await sign_in(page, console, console.tokens["auditor"])
+    await page.goto(f"{console.base_url}/console/records/{console.generated_id}")
+    cases = []
+    for size in range(1, 18):
+        entries = [f"entry {i}".encode() for i in range(size)]
+        root = merkle_reference.mth(entries).hex()
+        for index in range(size):
+            cases.append({"leaf": hash_leaf(entries[index]).hex(), "index": index,
+                          "size": size, "root": root,
+                          "proof": [h.hex() for h in merkle_reference.path(index, entries)]})
+    results = await page.evaluate("""async (cases) => {
+        const out = [];
+        for (const c of cases) {
+            const proof = c.proof.map(unhex);
+            const root = await rootFromInclusion(unhex(c.leaf), c.index, c.size, proof);
+            let shifted = null;  // the same proof claimed for the next index must not hold
+            try {
+                shifted = hex(await rootFromInclusion(unhex(c.leaf), c.index + 1, c.size,
+                                                      proof));
+            } catch (err) { shifted = "error"; }
+            out.push([hex(root) === c.root, shifted !== c.root]);
+        }
+        return out;
+    }""", cases)
+    assert len(results) == 153
+    assert all(ok for ok, _ in results)
+    assert all(moved for _, moved in results)

@@ -40,7 +40,7 @@ from inference_wrapper.server.console_plots import (
     per_minute,
     timeline_svg,
 )
-from ledger.errors import InvalidInputError
+from ledger.errors import BackendError, InvalidInputError
 from ledger.store.schema import api_keys
 from ledger.store.sql import QUERY_FILTERS, RecordRow, SqlLedger
 
@@ -325,7 +325,8 @@ async def search_page(request: web.Request) -> web.Response:
         since=escape(search.since.isoformat(timespec="minutes") if search.since else ""),
         until=escape(search.until.isoformat(timespec="minutes") if search.until else ""),
         limit=search.limit, inputs=inputs, rows=body_rows, count=len(rows), more=more,
-        csv_href=escape(f"/console/records.csv?{search.query_string()}"))
+        csv_href=escape(f"/console/records.csv?{search.query_string()}"),
+        bundle_href=escape(f"/console/records.bundle?{search.query_string()}"))
     return page("Records", main, session)
 
 
@@ -377,6 +378,31 @@ async def export_csv(request: web.Request) -> web.StreamResponse:
         await response.write(csv_lines(rows, header=False).encode())
     await response.write_eof()
     return response
+
+
+async def export_bundle(request: web.Request) -> web.Response:
+    """The matching records as an offline evidence bundle (``audit-ledger verify --bundle``).
+
+    The bundle names no log key: whoever checks it pins their own."""
+    from ledger.client.exporter import export_from_db
+
+    session = await current_session(request)
+    if session is None:
+        return _to_login()
+    try:
+        search = parse_search(request.query)
+    except BadField as exc:
+        return error_page(400, "Bad search", exc.reason, session, field=exc.field)
+    ledger = request.app[LEDGER]
+    await asyncio.to_thread(request.app[INTEGRATOR].seal_now)  # cover the newest records
+    filters = {k: v for k, v in search.filters.items() if v is not None}
+    try:
+        bundle = await asyncio.to_thread(export_from_db, ledger.url, search.since,
+                                         search.until, filters)
+    except BackendError as exc:
+        return error_page(503, "Service Unavailable", str(exc), session)
+    return web.Response(text=bundle.dumps(), content_type="application/json", headers={
+        "Content-Disposition": 'attachment; filename="audit-bundle.json"', **SECURITY_HEADERS})
 
 
 # --- the record page -------------------------------------------------------------------
@@ -493,6 +519,7 @@ def console_routes() -> list[web.RouteDef]:
         web.post("/console/login", login),
         web.post("/console/logout", logout),
         web.get("/console/records.csv", export_csv),
+        web.get("/console/records.bundle", export_bundle),
         web.get("/console/records/{record_id}", record_page),
         web.get("/console/plots", plots_page),
         web.get("/console/static/{name}", static),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import csv
 import io
@@ -11,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from inference_wrapper.server import console as console_module
-from inference_wrapper.server.app import KEYS
+from inference_wrapper.server.app import KEYS, LEDGER
 from ledger.checkpoint import NoteVerifier
 from ledger.verify import Evidence, verify_record
 from tests.console.conftest import Console, sign_in
@@ -218,3 +219,30 @@ async def test_plots_show_requests_per_minute_and_the_driver_change(console: Con
     assert len(driver) == 1
     cells = re.findall(r"<td>(.*?)</td>", driver[0])
     assert cells[2:] == ["<code>550.54.15</code>", "4", "<code>560.35.03</code>", "3"]
+
+
+async def test_bundle_export_verifies_offline_with_the_pinned_key(console: Console,
+                                                                   tmp_path: Any) -> None:
+    from audit_cli.main import main
+    from ledger.anchor.local import LocalAnchor
+    from ledger.bundle import Bundle
+
+    # Check 4 needs an anchored checkpoint: wait (polled, generous) for the anchor worker.
+    ledger = console.client.server.app[LEDGER]
+    for _ in range(1200):
+        if await asyncio.to_thread(LocalAnchor.latest_row, ledger) is not None:
+            break
+        await asyncio.sleep(0.05)
+    await sign_in(console.client, console.tokens["auditor"])
+    page = await (await console.client.get("/console?tenant=bank-b")).text()
+    link = re.search(r'id="bundle-export" href="([^"]+)"', page)
+    assert link is not None
+    response = await console.client.get(link.group(1).replace("&amp;", "&"))
+    assert response.status == 200
+    text = await response.text()
+    bundle = Bundle.loads(text)
+    assert [e.record_id for e in bundle.entries] == console.synthetic_ids[1::2]
+    path = tmp_path / "bundle.json"
+    path.write_text(text)
+    assert main(["verify", "--bundle", str(path), "--log-key", console.verifier_key,
+                 "--no-state"]) == 0

@@ -60,6 +60,8 @@ def test_complete_pack_has_scope_checkpoints_counts_and_timeline(
     assert ("<td>driver</td><td>550.54.15</td><td>4</td><td>560.35.03</td><td>3</td>"
             in html)
     assert key in html
+    assert main(["verify", "--bundle", str(out / "bundle.json"), "--log-key", key,
+                 "--no-state"]) == 0
     digest, name = (out / "report.html.sha256").read_text().split()
     assert name == "report.html"
     assert digest == "sha256:" + hashlib.sha256((out / "report.html").read_bytes()).hexdigest()

@@ -143,6 +143,33 @@ svg { border: 1px solid #ddd; font-size: 11px; } .plot-title { font-weight: 700;
 """
 
 
+# Which part of this pack speaks to which obligation. A pointer to evidence, not legal
+# advice: whether the evidence suffices is the regulated firm's and its counsel's call.
+OBLIGATIONS = (
+    ("EU AI Act Art. 12 (record-keeping)",
+     "High-risk systems log events automatically over their lifetime, for traceability.",
+     "One record per inference call with model, hardware, software and data fingerprints; "
+     "counts and fingerprint changes above; audit completeness shows no record is missing "
+     "from the range."),
+    ("EU AI Act Art. 19 (keeping the logs)",
+     "Providers keep the automatically generated logs for a period fit for purpose "
+     "(at least six months).",
+     "Signed checkpoints and anchors of the range; bundle.json re-checks each record offline "
+     "against the pinned key."),
+    ("SR 11-7 (model risk management)",
+     "Inventory of models in use, change control and ongoing monitoring.",
+     "Counts per model digest; the fingerprint-change timeline dates each change of model, "
+     "driver, torch and service revision, with the records on each side."),
+    ("SEC 17a-4(f) (electronic records)",
+     "Electronic records kept non-rewriteable and non-erasable, or with an audit trail "
+     "that can recreate an altered or deleted original; verifiable and retrievable.",
+     "Merkle log with signed, anchored checkpoints: any edit, removal or insertion breaks "
+     "the audit above or a record's proof; this report's own digest is in "
+     "report.html.sha256. Detecting a change is not preserving the original: the storage "
+     "itself must still meet the rule."),
+)
+
+
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], empty: str) -> str:
     if not rows:
         return f"<p>{escape(empty)}</p>"
@@ -228,6 +255,9 @@ and every typed column recomputed from the record bytes.</p>
 <h2>Fingerprint changes</h2>
 {timeline_svg(data.points, changes)}
 {change_table}
+<h2>Obligations and where this pack holds evidence for them</h2>
+<p>A map for the reader, not legal advice.</p>
+{_table(("obligation", "what it asks", "evidence in this pack"), OBLIGATIONS, "")}
 </body></html>
 """
 

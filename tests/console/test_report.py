@@ -60,6 +60,8 @@ def test_complete_pack_has_scope_checkpoints_counts_and_timeline(
     assert ("<td>driver</td><td>550.54.15</td><td>4</td><td>560.35.03</td><td>3</td>"
             in html)
     assert key in html
+    for obligation in ("EU AI Act Art. 12", "EU AI Act Art. 19", "SR 11-7", "SEC 17a-4(f)"):
+        assert f"<td>{obligation}" in html
     assert main(["verify", "--bundle", str(out / "bundle.json"), "--log-key", key,
                  "--no-state"]) == 0
     digest, name = (out / "report.html.sha256").read_text().split()

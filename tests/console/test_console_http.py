@@ -246,3 +246,22 @@ async def test_bundle_export_verifies_offline_with_the_pinned_key(console: Conso
     path.write_text(text)
     assert main(["verify", "--bundle", str(path), "--log-key", console.verifier_key,
                  "--no-state"]) == 0
+
+
+async def test_an_expired_session_is_refused(console: Console) -> None:
+    sessions = console.client.server.app[console_module.SESSIONS]
+    sessions.ttl_s = 0.0  # every new session is born expired
+    assert (await sign_in(console.client, console.tokens["auditor"])).status == 303
+    assert (await console.client.get("/console", allow_redirects=False)).status == 303
+
+
+def test_session_table_keeps_hashes_and_evicts_the_oldest_when_full() -> None:
+    store = console_module.SessionStore(ttl_s=60.0, max_sessions=2)
+    first, _ = store.create("k1", "t", "auditor")
+    second, _ = store.create("k2", "t", "auditor")
+    third, _ = store.create("k3", "t", "auditor")
+    assert store.get(first) is None  # the oldest made room
+    assert store.get(second) is not None and store.get(third) is not None
+    assert first not in repr(store._sessions) and third not in repr(store._sessions)
+    store.drop(third)
+    assert store.get(third) is None

@@ -37,11 +37,14 @@ from inference_wrapper.server.console_plots import (
     Point,
     bar_chart_svg,
     fingerprint_changes,
+    line_chart_svg,
+    mean_batch_size,
     per_minute,
+    phase_percentiles,
     timeline_svg,
 )
 from ledger.errors import BackendError, InvalidInputError
-from ledger.store.schema import api_keys
+from ledger.store.schema import anchors, api_keys, checkpoints
 from ledger.store.sql import QUERY_FILTERS, RecordRow, SqlLedger
 
 ASSETS = Path(__file__).resolve().parent / "console"
@@ -465,10 +468,23 @@ def _plot_points(ledger: SqlLedger, since: datetime, until: datetime) -> list[Po
     cursor: str | None = None
     while len(points) < PLOT_MAX_RECORDS:
         rows, cursor = ledger.query(since=since, until=until, limit=5000, cursor=cursor)
-        points.extend(Point(r.created_at, r.columns) for r in rows)
+        points.extend(Point.from_record(r.created_at, r.columns, json.loads(r.canonical))
+                      for r in rows)
         if cursor is None:
             break
     return points[:PLOT_MAX_RECORDS]
+
+
+def anchor_lag(ledger: SqlLedger, since: datetime, until: datetime
+               ) -> list[tuple[datetime, float]]:
+    """Seconds from sealing each checkpoint to anchoring it, for anchors in the range."""
+    statement = (select(anchors.c.anchored_at, checkpoints.c.sealed_at)
+                 .join(checkpoints, checkpoints.c.size == anchors.c.size)
+                 .where(anchors.c.anchored_at >= since, anchors.c.anchored_at < until)
+                 .order_by(anchors.c.anchored_at))
+    with ledger.engine.connect() as conn:
+        return [(row.anchored_at, max(0.0, (row.anchored_at - row.sealed_at).total_seconds()))
+                for row in conn.execute(statement)]
 
 
 async def plots_page(request: web.Request) -> web.Response:
@@ -482,6 +498,7 @@ async def plots_page(request: web.Request) -> web.Response:
     until = search.until or datetime.now(UTC).replace(tzinfo=None) + timedelta(minutes=1)
     since = search.since or until - timedelta(hours=24)
     points = await asyncio.to_thread(_plot_points, request.app[LEDGER], since, until)
+    lag = await asyncio.to_thread(anchor_lag, request.app[LEDGER], since, until)
     changes = fingerprint_changes(points)
     labels = dict(TIMELINE_FIELDS)
     change_rows = "".join(
@@ -495,7 +512,13 @@ async def plots_page(request: web.Request) -> web.Response:
         since=escape(since.isoformat(timespec="minutes")),
         until=escape(until.isoformat(timespec="minutes")), count=len(points), capped=capped,
         rpm=bar_chart_svg(per_minute(points), title="records (requests) per minute"),
-        timeline=timeline_svg(points, changes), change_rows=change_rows)
+        timeline=timeline_svg(points, changes), change_rows=change_rows,
+        latency=line_chart_svg(phase_percentiles(points), title="latency per phase, p50 and "
+                               "p99 per minute (from the records' timings)", unit="ms"),
+        batch=line_chart_svg({"mean batch size": mean_batch_size(points)},
+                             title="mean batch size per minute", unit=""),
+        anchor_lag=line_chart_svg({"seal to anchor": lag},
+                                  title="anchoring lag per anchored checkpoint", unit="s"))
     return page("Plots", main, session)
 
 

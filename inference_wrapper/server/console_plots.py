@@ -6,11 +6,13 @@ escaped, because tenant names and revisions come from the records.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from html import escape
+from typing import Any
 
 # The fingerprint columns whose changes the timeline shows, with their labels.
 TIMELINE_FIELDS = (
@@ -23,10 +25,23 @@ TIMELINE_FIELDS = (
 
 @dataclass(frozen=True)
 class Point:
-    """What the plots need of one mirror row."""
+    """What the plots need of one mirror row (timings and batch size from its bytes)."""
 
     created_at: datetime
     columns: dict[str, object]
+    timings_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    batch_size: int | None = None
+
+    @classmethod
+    def from_record(cls, created_at: datetime, columns: dict[str, object],
+                    body: Mapping[str, Any]) -> Point:
+        timings = body.get("timings_ms")
+        batch = (body.get("data") or {}).get("batch") or {}
+        size = batch.get("size") if isinstance(batch, Mapping) else None
+        return cls(created_at, columns,
+                   {k: float(v) for k, v in timings.items() if isinstance(v, int | float)}
+                   if isinstance(timings, Mapping) else {},
+                   size if isinstance(size, int) else None)
 
 
 @dataclass(frozen=True)
@@ -45,6 +60,84 @@ def per_minute(points: Iterable[Point]) -> list[tuple[datetime, int]]:
     """Records per UTC minute, oldest first; minutes with no record are left out."""
     counts = Counter(p.created_at.replace(second=0, microsecond=0) for p in points)
     return sorted(counts.items())
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in (0, 100]) of a non-empty sequence."""
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))  # ceil without floats drifting
+    return ordered[int(rank) - 1]
+
+
+def phase_percentiles(points: Iterable[Point]) -> dict[str, list[tuple[datetime, float]]]:
+    """p50 and p99 per minute of each recorded phase and of their total, in ms."""
+    by_minute: dict[datetime, dict[str, list[float]]] = {}
+    for p in points:
+        if not p.timings_ms:
+            continue
+        minute = by_minute.setdefault(p.created_at.replace(second=0, microsecond=0), {})
+        for phase, ms in {**p.timings_ms, "total": sum(p.timings_ms.values())}.items():
+            minute.setdefault(phase, []).append(ms)
+    series: dict[str, list[tuple[datetime, float]]] = {}
+    for moment in sorted(by_minute):
+        for phase, values in by_minute[moment].items():
+            for q in (50, 99):
+                series.setdefault(f"{phase} p{q}", []).append((moment, percentile(values, q)))
+    return series
+
+
+def mean_batch_size(points: Iterable[Point]) -> list[tuple[datetime, float]]:
+    """Mean recorded batch size per minute (records without one are left out)."""
+    sums: dict[datetime, list[int]] = {}
+    for p in points:
+        if p.batch_size is not None:
+            sums.setdefault(p.created_at.replace(second=0, microsecond=0), []).append(
+                p.batch_size)
+    return [(m, sum(v) / len(v)) for m, v in sorted(sums.items())]
+
+
+def line_chart_svg(series: Mapping[str, Sequence[tuple[datetime, float]]], *, title: str,
+                   unit: str, width: int = 720, height: int = 240) -> str:
+    """Lines over time on one shared scale, with a legend; labels escaped."""
+    colours = ("#3b6ea5", "#c0392b", "#2e8b57", "#8e44ad", "#d4a017", "#555555",
+               "#16a085", "#e67e22", "#7f8c8d", "#2c3e50")
+    left, bottom, top = 56, 28, 24
+    plot_w, plot_h = width - left - 150, height - bottom - top
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" role="img" class="plot" '
+             f'width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
+             f"<title>{escape(title)}</title>",
+             f'<text x="{left}" y="16" class="plot-title">{escape(title)}</text>']
+    points = [pt for values in series.values() for pt in values]
+    if not points:
+        parts.append(f'<text x="{left + 8}" y="{top + plot_h // 2}">no data in range</text>')
+        return "".join(parts) + "</svg>"
+    start = min(m for m, _ in points)
+    end = max(m for m, _ in points)
+    span = max((end - start).total_seconds(), 1.0)
+    peak = max(v for _, v in points) or 1.0
+
+    def xy(moment: datetime, value: float) -> str:
+        x = left + plot_w * (moment - start).total_seconds() / span
+        return f"{x:.1f},{top + plot_h - plot_h * value / peak:.1f}"
+
+    for i, (label, values) in enumerate(series.items()):
+        colour = colours[i % len(colours)]
+        line = " ".join(xy(m, v) for m, v in values)
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
+                     f'points="{line}"><title>{escape(label)}</title></polyline>')
+        parts.extend(f'<circle cx="{xy(m, v).split(",")[0]}" cy="{xy(m, v).split(",")[1]}" '
+                     f'r="2" fill="{colour}"><title>{escape(label)} {m:%H:%M}: '
+                     f"{v:.3g} {escape(unit)}</title></circle>" for m, v in values)
+        parts.append(f'<text x="{left + plot_w + 10}" y="{top + 12 + 14 * i}" '
+                     f'fill="{colour}">{escape(label)}</text>')
+    parts.append(f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" '
+                 f'y2="{top + plot_h}" stroke="#555"/>'
+                 f'<text x="4" y="{top + 10}">{peak:.3g} {escape(unit)}</text>'
+                 f'<text x="4" y="{top + plot_h}">0</text>'
+                 f'<text x="{left}" y="{height - 8}">{start:%Y-%m-%d %H:%M}</text>'
+                 f'<text x="{left + plot_w}" y="{height - 8}" text-anchor="end">'
+                 f"{end:%Y-%m-%d %H:%M} UTC</text>")
+    return "".join(parts) + "</svg>"
 
 
 def fingerprint_changes(points: Sequence[Point]) -> list[Change]:

@@ -219,6 +219,33 @@ async def test_plots_show_requests_per_minute_and_the_driver_change(console: Con
     assert len(driver) == 1
     cells = re.findall(r"<td>(.*?)</td>", driver[0])
     assert cells[2:] == ["<code>550.54.15</code>", "4", "<code>560.35.03</code>", "3"]
+    # Latency lines come from the records' own timings: the generated record has four
+    # phases (p50 and p99 each, and their total), the synthetic ones only "forward".
+    latency = re.search(r'<figure id="latency">(.*?)</figure>', page, re.S)
+    assert latency is not None
+    labels = set(re.findall(r"<polyline[^>]*><title>([^<]+)</title>", latency.group(1)))
+    assert {"forward p50", "forward p99", "decode p99", "total p50"} <= labels
+    batch = re.search(r'<figure id="batch">(.*?)</figure>', page, re.S)
+    assert batch is not None and "mean batch size" in batch.group(1)
+
+
+async def test_plots_show_the_anchoring_lag_once_something_is_anchored(
+        console: Console) -> None:
+    from ledger.anchor.local import LocalAnchor
+
+    ledger = console.client.server.app[LEDGER]
+    for _ in range(1200):  # polled, generous: the anchor worker runs on its own interval
+        if await asyncio.to_thread(LocalAnchor.latest_row, ledger) is not None:
+            break
+        await asyncio.sleep(0.05)
+    lag = await asyncio.to_thread(console_module.anchor_lag, ledger,
+                                  datetime(2026, 1, 1), datetime(2100, 1, 1))
+    assert lag and all(seconds >= 0 for _, seconds in lag)
+    await sign_in(console.client, console.tokens["auditor"])
+    page = await (await console.client.get("/console/plots")).text()
+    figure = re.search(r'<figure id="anchor-lag">(.*?)</figure>', page, re.S)
+    assert figure is not None
+    assert "<polyline" in figure.group(1) and "seal to anchor" in figure.group(1)
 
 
 async def test_bundle_export_verifies_offline_with_the_pinned_key(console: Console,

@@ -74,3 +74,46 @@ def test_timeline_places_marks_inside_the_plot_when_log_order_is_not_time_order(
     marks = svg.findall("{http://www.w3.org/2000/svg}circle")
     assert len(marks) == 1
     assert 130 <= float(marks[0].get("cx", "-1")) <= 720
+
+
+def test_percentile_is_nearest_rank() -> None:
+    from inference_wrapper.server.console_plots import percentile
+
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+
+
+def test_phase_percentiles_per_minute_include_the_total() -> None:
+    from inference_wrapper.server.console_plots import phase_percentiles
+
+    points = [Point(T0 + timedelta(seconds=i), {}, {"forward": float(i), "decode": 1.0})
+              for i in range(1, 5)]
+    points.append(Point(T0 + timedelta(minutes=1), {}, {"forward": 10.0, "decode": 2.0}))
+    series = phase_percentiles(points)
+    assert series["forward p50"] == [(T0, 2.0), (T0 + timedelta(minutes=1), 10.0)]
+    assert series["forward p99"] == [(T0, 4.0), (T0 + timedelta(minutes=1), 10.0)]
+    assert series["total p99"] == [(T0, 5.0), (T0 + timedelta(minutes=1), 12.0)]
+
+
+def test_points_read_timings_and_batch_size_from_the_record_body() -> None:
+    from inference_wrapper.server.console_plots import mean_batch_size
+
+    body = {"timings_ms": {"forward": 2.5, "note": "x"}, "data": {"batch": {"size": 3}}}
+    first = Point.from_record(T0, {}, body)
+    assert first.timings_ms == {"forward": 2.5} and first.batch_size == 3
+    second = Point.from_record(T0, {}, {"data": {"batch": {"size": 1}}})
+    assert mean_batch_size([first, second, Point.from_record(T0, {}, {})]) == [(T0, 2.0)]
+
+
+def test_line_chart_is_well_formed_and_escapes_labels() -> None:
+    from inference_wrapper.server.console_plots import line_chart_svg
+
+    svg = line_chart_svg({"<b>p99</b>": [(T0, 1.0), (T0 + timedelta(minutes=1), 3.0)]},
+                         title="t", unit="ms")
+    tree = ET.fromstring(svg)
+    assert len(tree.findall("{http://www.w3.org/2000/svg}polyline")) == 1
+    assert "<b>" not in svg
+    assert "no data in range" in line_chart_svg({"x": []}, title="t", unit="ms")

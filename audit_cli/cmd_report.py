@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -120,7 +121,8 @@ def gather(args: argparse.Namespace) -> ReportData:
             page, cursor = ledger.query(since=since, until=until, limit=5000, cursor=cursor,
                                         tenant=args.tenant)
             for r in page:
-                data.points.append(Point(r.created_at, r.columns))
+                data.points.append(Point.from_record(r.created_at, r.columns,
+                                                     json.loads(r.canonical)))
                 model = f"{r.columns.get('model_name')} ({r.columns.get('model_digest')})"
                 data.counts["model"][model] += 1
                 data.counts["tenant"][r.tenant] += 1
@@ -192,7 +194,10 @@ def render(data: ReportData) -> str:
         TIMELINE_FIELDS,
         bar_chart_svg,
         fingerprint_changes,
+        line_chart_svg,
+        mean_batch_size,
         per_minute,
+        phase_percentiles,
         timeline_svg,
     )
 
@@ -213,6 +218,9 @@ def render(data: ReportData) -> str:
     anchors = _table(("size", "kind", "reference", "anchored (UTC)"),
                      [(s, k, r, f"{a:%Y-%m-%d %H:%M:%S}") for s, k, r, a in data.anchors],
                      "No anchor in range.")
+    sealed = {size: at for size, _, at, _ in data.checkpoints}
+    lag = [(anchored, max(0.0, (anchored - sealed[size]).total_seconds()))
+           for size, _, _, anchored in data.anchors if size in sealed]
     changes = fingerprint_changes(data.points)
     labels = dict(TIMELINE_FIELDS)
     change_table = _table(
@@ -252,6 +260,14 @@ and every typed column recomputed from the record bytes.</p>
 {_counts(data.counts)}
 <h2>Records per minute</h2>
 {bar_chart_svg(per_minute(data.points), title="records (requests) per minute")}
+<h2>Latency per phase (from the records' timings)</h2>
+{line_chart_svg(phase_percentiles(data.points), title="p50 and p99 per minute", unit="ms")}
+<h2>Batch sizes</h2>
+{line_chart_svg({"mean batch size": mean_batch_size(data.points)},
+                title="mean batch size per minute", unit="")}
+<h2>Anchoring lag</h2>
+{line_chart_svg({"seal to anchor": lag}, title="seconds from sealing to anchoring",
+                unit="s")}
 <h2>Fingerprint changes</h2>
 {timeline_svg(data.points, changes)}
 {change_table}

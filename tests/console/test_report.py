@@ -60,6 +60,8 @@ def test_complete_pack_has_scope_checkpoints_counts_and_timeline(
     assert ("<td>driver</td><td>550.54.15</td><td>4</td><td>560.35.03</td><td>3</td>"
             in html)
     assert key in html
+    assert "<title>forward p99</title>" in html  # latency from the records' own timings
+    assert "<title>seal to anchor</title>" in html  # the checkpoint sealed and anchored
     for obligation in ("EU AI Act Art. 12", "EU AI Act Art. 19", "SR 11-7", "SEC 17a-4(f)"):
         assert f"<td>{obligation}" in html
     assert main(["verify", "--bundle", str(out / "bundle.json"), "--log-key", key,
@@ -116,7 +118,7 @@ async def test_the_report_renders_to_pdf_in_chromium(ledger_db: tuple[str, str],
                                                    args=CHROMIUM_ARGS, headless=True)
         page = await browser.new_page()
         await page.goto((tmp_path / "pack" / "report.html").as_uri())
-        assert await page.locator("svg").count() == 2
+        assert await page.locator("svg").count() == 5
         pdf = await page.pdf(path=str(tmp_path / "report.pdf"))
         await browser.close()
     assert pdf.startswith(b"%PDF-")

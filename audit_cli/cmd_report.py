@@ -25,7 +25,7 @@ from typing import Any
 from audit_cli.evidence import add_key_option, pinned_verifier
 from audit_cli.filters import parse_time
 from audit_cli.options import print_json
-from ledger.errors import InvalidInputError, LedgerError
+from ledger.errors import BackendError, InvalidInputError, LedgerError
 
 COUNTED = (("model", "model"), ("tenant", "tenant"), ("accelerator", "accelerator"))
 
@@ -36,6 +36,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--to", dest="until", required=True, help="RFC 3339, exclusive")
     parser.add_argument("--tenant", help="count and plot only this tenant's records")
     parser.add_argument("--out", type=Path, required=True, help="folder to write the pack to")
+    parser.add_argument("--pdf", action="store_true",
+                        help="also print report.pdf with the Chromium on PATH")
     add_key_option(parser)
 
 
@@ -278,7 +280,36 @@ and every typed column recomputed from the record bytes.</p>
 """
 
 
+def print_pdf(html: Path, pdf: Path) -> None:
+    """Print the report with a headless Chromium (the one a browser test drives too)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        raise InvalidInputError("--pdf", "needs Chromium on PATH (apt-get install chromium)")
+    with tempfile.TemporaryDirectory() as profile:
+        result = subprocess.run(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu",
+             "--disable-background-networking", "--disable-component-update",
+             "--no-first-run", "--disable-sync", f"--user-data-dir={profile}",
+             "--no-pdf-header-footer", f"--print-to-pdf={pdf}", html.resolve().as_uri()],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            timeout=300, check=False)
+    if result.returncode != 0 or not pdf.is_file():
+        tail = result.stderr.decode(errors="replace").strip().splitlines()[-1:]
+        raise BackendError(f"Chromium could not print the PDF (exit {result.returncode}"
+                           f"{': ' + tail[0] if tail else ''})")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.pdf:  # before the work: fail fast when there is no printer
+        import shutil
+
+        if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+            raise InvalidInputError("--pdf", "needs Chromium on PATH (apt-get install "
+                                    "chromium)")
     data = gather(args)
     html = render(data).encode("utf-8")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -292,6 +323,8 @@ def run(args: argparse.Namespace) -> int:
     bundle = export_from_db(args.db, data.since, data.until,
                             {"tenant": args.tenant} if args.tenant else {})
     (args.out / "bundle.json").write_text(bundle.dumps())
+    if args.pdf:
+        print_pdf(report, args.out / "report.pdf")
     failed = [size for size, _, _, problem in data.checkpoints if problem]
     if args.json:
         print_json({"report": str(report), "digest": digest, "complete": data.audit.ok,

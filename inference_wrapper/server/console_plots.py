@@ -173,7 +173,7 @@ def bar_chart_svg(series: Sequence[tuple[datetime, int]], *, title: str,
     peak = max(count for _, count in series)
     start, end = series[0][0], series[-1][0]
     span_min = max(1, int((end - start).total_seconds() // 60) + 1)
-    bar_w = max(1.0, plot_w / span_min - 1)
+    bar_w = max(1.0, plot_w / span_min * 0.8)  # a visible gap at any scale
     for moment, count in series:
         x = left + (moment - start).total_seconds() / 60 * (plot_w / span_min)
         h = plot_h * count / peak

@@ -280,3 +280,23 @@ async def test_the_pages_inclusion_fold_matches_rfc_9162_for_every_leaf_of_small
     assert len(results) == 153
     assert all(ok for ok, _ in results)
     assert all(moved for _, moved in results)
+
+
+def unreadable_bytes(evidence: dict[str, Any]) -> None:
+    evidence["canonical_base64"] = "%%% not base64 %%%"
+
+
+async def test_evidence_the_page_cannot_read_is_a_failure_not_a_pass(
+        console: Console, browser: Browser) -> None:
+    proxy = await lying_proxy(console.base_url, unreadable_bytes)
+    try:
+        page = await new_page(browser)
+        await sign_in(page, console, console.tokens["auditor"])
+        await expect(page.locator("#results")).to_be_visible()
+        await page.goto(str(proxy.make_url(f"/console/records/{console.generated_id}")))
+        await page.fill("#pin-key", console.verifier_key)
+        await page.click("#pin-button")
+        await expect(page.locator("#verdict")).to_have_attribute("data-status", "fail")
+        await expect(page.locator("#verdict")).to_contain_text("evidence is malformed")
+    finally:
+        await proxy.close()

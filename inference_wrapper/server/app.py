@@ -323,4 +323,6 @@ def create_app(settings: Settings, generator: AuditedGenerator, *,
                             anchor_context, witness_context, batcher_context,
                             supervisor_context])
     app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])
+    from inference_wrapper.server.console import setup_console
+    setup_console(app)  # the auditor's console at /console
     return app

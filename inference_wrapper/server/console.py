@@ -1,0 +1,555 @@
+"""The auditor's console at ``/console``: sign in with a key, search, record pages, plots.
+
+Served by the same aiohttp app. A session is a random token in an HttpOnly,
+SameSite=Strict cookie, kept server side (in this process) with an expiry; the API key
+itself is read once from the sign-in form and never stored or echoed. Every POST form
+carries a CSRF token: the sign-in form a double-submit cookie, the others the session's
+own token. The record page embeds the evidence (canonical bytes, log leaf hash, proof,
+signed checkpoint) and ``static/verify.js`` checks it in the browser against a key the
+auditor pinned there: the server sends no verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import csv
+import hashlib
+import hmac
+import io
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from html import escape
+from pathlib import Path
+from string import Template
+from typing import Any
+from urllib.parse import urlencode
+
+from aiohttp import web
+from sqlalchemy import select
+
+from inference_wrapper.server.app import INTEGRATOR, KEYS, LEDGER
+from inference_wrapper.server.console_plots import (
+    TIMELINE_FIELDS,
+    Point,
+    bar_chart_svg,
+    fingerprint_changes,
+    line_chart_svg,
+    mean_batch_size,
+    per_minute,
+    phase_percentiles,
+    timeline_svg,
+)
+from ledger.errors import BackendError, InvalidInputError
+from ledger.store.schema import anchors, api_keys, checkpoints
+from ledger.store.sql import QUERY_FILTERS, RecordRow, SqlLedger
+
+ASSETS = Path(__file__).resolve().parent / "console"
+SESSION_COOKIE = "alc_session"
+LOGIN_COOKIE = "alc_login_csrf"
+SESSION_TTL_S = 3600.0
+CONSOLE_ROLES = ("auditor", "admin")
+PAGE_LIMIT_MAX = 500
+CSV_PAGE = 1000
+PLOT_MAX_RECORDS = 50_000
+FILTER_LABELS = {"tenant": "tenant", "model_digest": "model digest",
+                 "accelerator_model": "accelerator", "driver_version": "driver",
+                 "service_revision": "service revision"}
+CSV_COLUMNS = ("leaf_index", "record_id", "created_at", "tenant", "model_name",
+               "model_digest", "accelerator", "accelerator_model", "driver_version",
+               "torch_version", "service_revision", "checkpoint_size", "anchor_ref")
+SECURITY_HEADERS = {
+    # Only the app's own script and style; the evidence block is data, not script.
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+                               "img-src 'self'; connect-src 'self'; form-action 'self'; "
+                               "frame-ancestors 'none'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+STATIC_TYPES = {"verify.js": "text/javascript", "console.css": "text/css"}
+
+
+# --- sessions --------------------------------------------------------------------------
+
+
+@dataclass
+class Session:
+    key_id: str
+    tenant: str
+    role: str
+    csrf: str
+    expires_at: float  # time.time() seconds
+
+
+class SessionStore:
+    """Sessions by the SHA-256 of their cookie token (a leaked table opens nothing)."""
+
+    def __init__(self, ttl_s: float = SESSION_TTL_S, max_sessions: int = 10_000) -> None:
+        self.ttl_s = ttl_s
+        self.max_sessions = max_sessions
+        self._sessions: dict[bytes, Session] = {}
+
+    @staticmethod
+    def _id(token: str) -> bytes:
+        return hashlib.sha256(token.encode()).digest()
+
+    def create(self, key_id: str, tenant: str, role: str) -> tuple[str, Session]:
+        now = time.time()
+        if len(self._sessions) >= self.max_sessions:  # drop expired ones before refusing
+            self._sessions = {k: s for k, s in self._sessions.items() if s.expires_at > now}
+        if len(self._sessions) >= self.max_sessions:
+            oldest = min(self._sessions, key=lambda k: self._sessions[k].expires_at)
+            del self._sessions[oldest]
+        token = secrets.token_urlsafe(32)
+        session = Session(key_id, tenant, role, secrets.token_urlsafe(32), now + self.ttl_s)
+        self._sessions[self._id(token)] = session
+        return token, session
+
+    def get(self, token: str) -> Session | None:
+        session = self._sessions.get(self._id(token))
+        if session is not None and session.expires_at <= time.time():
+            self.drop(token)
+            return None
+        return session
+
+    def drop(self, token: str) -> None:
+        self._sessions.pop(self._id(token), None)
+
+
+SESSIONS = web.AppKey("console_sessions", SessionStore)
+
+
+def _key_active(ledger: SqlLedger, key_id: str) -> bool:
+    """A session lives only as long as its key: revoking the key ends it."""
+    with ledger.engine.connect() as conn:
+        row = conn.execute(select(api_keys.c.revoked_at)
+                           .where(api_keys.c.key_id == key_id)).first()
+    return row is not None and row.revoked_at is None
+
+
+async def current_session(request: web.Request) -> Session | None:
+    token = request.cookies.get(SESSION_COOKIE)
+    if not token:
+        return None
+    session = request.app[SESSIONS].get(token)
+    if session is None:
+        return None
+    if not await asyncio.to_thread(_key_active, request.app[LEDGER], session.key_id):
+        request.app[SESSIONS].drop(token)
+        return None
+    return session
+
+
+def _to_login() -> web.Response:
+    return web.Response(status=303, headers={"Location": "/console/login", **SECURITY_HEADERS})
+
+
+def _same(given: str | None, expected: str | None) -> bool:
+    return bool(given) and bool(expected) and hmac.compare_digest(str(given), str(expected))
+
+
+# --- rendering -------------------------------------------------------------------------
+
+
+def _template(name: str) -> Template:
+    return Template((ASSETS / name).read_text(encoding="utf-8"))
+
+
+def page(title: str, main: str, session: Session | None, status: int = 200) -> web.Response:
+    nav = ""
+    if session is not None:
+        nav = _template("nav.html").substitute(
+            who=escape(f"{session.role} ({session.tenant})"), csrf=escape(session.csrf))
+    html = _template("layout.html").substitute(title=escape(title), nav=nav, main=main)
+    return web.Response(status=status, text=html, content_type="text/html",
+                        charset="utf-8", headers=SECURITY_HEADERS)
+
+
+def error_page(status: int, title: str, detail: str, session: Session | None,
+               field: str | None = None) -> web.Response:
+    field_html = (f' <span class="field">field: <code>{escape(field)}</code></span>'
+                  if field else "")
+    main = (f'<section class="error" data-status="{status}" data-field="{escape(field or "")}">'
+            f"<h1>{escape(title)}</h1><p>{escape(detail)}{field_html}</p></section>")
+    return page(title, main, session, status)
+
+
+# --- sign in and out -------------------------------------------------------------------
+
+
+def _set_cookie(response: web.StreamResponse, request: web.Request, name: str, value: str,
+                max_age: int) -> None:
+    response.set_cookie(name, value, max_age=max_age, path="/console", httponly=True,
+                        samesite="Strict", secure=request.secure)
+
+
+async def login_form(request: web.Request) -> web.Response:
+    if await current_session(request) is not None:
+        return web.Response(status=303, headers={"Location": "/console",
+                                                 **SECURITY_HEADERS})
+    return _login_page(request, None, 200)
+
+
+def _login_page(request: web.Request, message: str | None, status: int) -> web.Response:
+    csrf = secrets.token_urlsafe(32)
+    notice = (f'<p class="error" data-status="{status}">{escape(message)}</p>'
+              if message else "")
+    main = _template("login.html").substitute(csrf=escape(csrf), notice=notice)
+    response = page("Sign in", main, None, status)
+    _set_cookie(response, request, LOGIN_COOKIE, csrf, 600)
+    return response
+
+
+async def login(request: web.Request) -> web.Response:
+    form = await request.post()
+    if not _same(_text(form.get("csrf")), request.cookies.get(LOGIN_COOKIE)):
+        return error_page(403, "Forbidden", "the form's CSRF token is missing or does not "
+                          "match; reload the sign-in page", None, field="csrf")
+    token = _text(form.get("api_key")).strip()
+    if not token:
+        return _login_page(request, "an API key is required (field api_key)", 400)
+    key = await asyncio.to_thread(request.app[KEYS].authenticate, token)
+    if key is None:
+        return _login_page(request, "the API key is unknown or revoked", 401)
+    if key.role not in CONSOLE_ROLES:
+        return _login_page(request, f"role {key.role!r} may not use the console; "
+                           "sign in with an auditor or admin key", 403)
+    session_token, _ = request.app[SESSIONS].create(key.key_id, key.tenant, key.role)
+    response = web.Response(status=303, headers={"Location": "/console", **SECURITY_HEADERS})
+    _set_cookie(response, request, SESSION_COOKIE, session_token,
+                int(request.app[SESSIONS].ttl_s))
+    response.del_cookie(LOGIN_COOKIE, path="/console")
+    return response
+
+
+async def logout(request: web.Request) -> web.Response:
+    session = await current_session(request)
+    if session is None:
+        return _to_login()
+    form = await request.post()
+    if not _same(_text(form.get("csrf")), session.csrf):
+        return error_page(403, "Forbidden", "the form's CSRF token is missing or wrong",
+                          session, field="csrf")
+    request.app[SESSIONS].drop(request.cookies.get(SESSION_COOKIE, ""))
+    response = _to_login()
+    response.del_cookie(SESSION_COOKIE, path="/console")
+    return response
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+# --- search and export -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Search:
+    since: datetime | None
+    until: datetime | None
+    filters: dict[str, str | None]
+    limit: int
+    cursor: str | None
+
+    def query_string(self, **extra: str) -> str:
+        pairs = {"since": self.since.isoformat() if self.since else None,
+                 "until": self.until.isoformat() if self.until else None,
+                 **self.filters, "limit": str(self.limit), **extra}
+        return urlencode({k: v for k, v in pairs.items() if v})
+
+
+class BadField(Exception):
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(reason)
+        self.field, self.reason = field, reason
+
+
+def parse_search(query: Any) -> Search:
+    """Form fields to a search; an empty field means no filter."""
+    def when(name: str) -> datetime | None:
+        raw = (query.get(name) or "").strip()
+        if not raw:
+            return None
+        try:
+            moment = datetime.fromisoformat(raw)
+        except ValueError as exc:
+            raise BadField(name, "must be a date and time such as 2026-11-30T10:00") from exc
+        return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+
+    raw_limit = (query.get("limit") or "50").strip()
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= PAGE_LIMIT_MAX:
+        raise BadField("limit", f"must be a whole number from 1 to {PAGE_LIMIT_MAX}")
+    filters = {name: (query.get(name) or "").strip() or None for name in QUERY_FILTERS}
+    return Search(when("since"), when("until"), filters, int(raw_limit),
+                  (query.get("cursor") or "").strip() or None)
+
+
+def _run_query(ledger: SqlLedger, search: Search, limit: int,
+               cursor: str | None) -> tuple[list[RecordRow], str | None]:
+    return ledger.query(since=search.since, until=search.until, limit=limit, cursor=cursor,
+                        **search.filters)
+
+
+async def search_page(request: web.Request) -> web.Response:
+    session = await current_session(request)
+    if session is None:
+        return _to_login()
+    try:
+        search = parse_search(request.query)
+        rows, next_cursor = await asyncio.to_thread(
+            _run_query, request.app[LEDGER], search, search.limit, search.cursor)
+    except BadField as exc:
+        return error_page(400, "Bad search", exc.reason, session, field=exc.field)
+    except InvalidInputError as exc:
+        return error_page(400, "Bad search", exc.reason, session, field=exc.field)
+    inputs = "".join(
+        f'<label>{escape(label)} <input name="{name}" '
+        f'value="{escape(search.filters[name] or "")}"></label>'
+        for name, label in FILTER_LABELS.items())
+    body_rows = "".join(
+        f"<tr><td>{row.leaf_index}</td>"
+        f'<td><a class="record-link" href="/console/records/{escape(row.record_id)}">'
+        f"{escape(row.record_id)}</a></td>"
+        f"<td>{row.created_at:%Y-%m-%d %H:%M:%S} UTC</td><td>{escape(row.tenant)}</td>"
+        f"<td>{escape(str(row.columns.get('model_name') or ''))}</td>"
+        f"<td><code>{escape(_short(row.columns.get('model_digest')))}</code></td>"
+        f"<td>{escape(str(row.columns.get('accelerator_model') or row.columns.get('accelerator') or ''))}</td>"  # noqa: E501
+        f"<td>{escape(str(row.columns.get('driver_version') or ''))}</td>"
+        f"<td>{escape(_short(row.columns.get('service_revision')))}</td></tr>"
+        for row in rows)
+    more = (f'<a id="next-page" href="/console?{escape(search.query_string(cursor=next_cursor))}">'
+            "next page</a>" if next_cursor else "")
+    main = _template("search.html").substitute(
+        since=escape(search.since.isoformat(timespec="minutes") if search.since else ""),
+        until=escape(search.until.isoformat(timespec="minutes") if search.until else ""),
+        limit=search.limit, inputs=inputs, rows=body_rows, count=len(rows), more=more,
+        csv_href=escape(f"/console/records.csv?{search.query_string()}"),
+        bundle_href=escape(f"/console/records.bundle?{search.query_string()}"))
+    return page("Records", main, session)
+
+
+def _short(value: object) -> str:
+    text = str(value or "")
+    return text if len(text) <= 23 else text[:23] + "…"
+
+
+def _csv_cell(value: object) -> str:
+    text = "" if value is None else str(value)
+    # A spreadsheet runs a cell that starts with one of these as a formula.
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+def csv_lines(rows: list[RecordRow], header: bool) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    if header:
+        writer.writerow(CSV_COLUMNS)
+    for row in rows:
+        values = {"leaf_index": row.leaf_index, "record_id": row.record_id,
+                  "created_at": row.created_at.isoformat() + "Z", "tenant": row.tenant,
+                  "checkpoint_size": row.checkpoint_size, "anchor_ref": row.anchor_ref,
+                  **row.columns}
+        writer.writerow([_csv_cell(values.get(c)) for c in CSV_COLUMNS])
+    return out.getvalue()
+
+
+async def export_csv(request: web.Request) -> web.StreamResponse:
+    session = await current_session(request)
+    if session is None:
+        return _to_login()
+    try:
+        search = parse_search(request.query)
+        rows, cursor = await asyncio.to_thread(_run_query, request.app[LEDGER], search,
+                                               CSV_PAGE, None)
+    except BadField as exc:
+        return error_page(400, "Bad search", exc.reason, session, field=exc.field)
+    except InvalidInputError as exc:
+        return error_page(400, "Bad search", exc.reason, session, field=exc.field)
+    response = web.StreamResponse(headers={
+        "Content-Type": "text/csv; charset=utf-8",
+        "Content-Disposition": 'attachment; filename="audit-records.csv"', **SECURITY_HEADERS})
+    await response.prepare(request)
+    await response.write(csv_lines(rows, header=True).encode())
+    while cursor is not None:  # every matching row, a page at a time
+        rows, cursor = await asyncio.to_thread(_run_query, request.app[LEDGER], search,
+                                               CSV_PAGE, cursor)
+        await response.write(csv_lines(rows, header=False).encode())
+    await response.write_eof()
+    return response
+
+
+async def export_bundle(request: web.Request) -> web.Response:
+    """The matching records as an offline evidence bundle (``audit-ledger verify --bundle``).
+
+    The bundle names no log key: whoever checks it pins their own."""
+    from ledger.client.exporter import export_from_db
+
+    session = await current_session(request)
+    if session is None:
+        return _to_login()
+    try:
+        search = parse_search(request.query)
+    except BadField as exc:
+        return error_page(400, "Bad search", exc.reason, session, field=exc.field)
+    ledger = request.app[LEDGER]
+    await asyncio.to_thread(request.app[INTEGRATOR].seal_now)  # cover the newest records
+    filters = {k: v for k, v in search.filters.items() if v is not None}
+    try:
+        bundle = await asyncio.to_thread(export_from_db, ledger.url, search.since,
+                                         search.until, filters)
+    except BackendError as exc:
+        return error_page(503, "Service Unavailable", str(exc), session)
+    return web.Response(text=bundle.dumps(), content_type="application/json", headers={
+        "Content-Disposition": 'attachment; filename="audit-bundle.json"', **SECURITY_HEADERS})
+
+
+# --- the record page -------------------------------------------------------------------
+
+
+def _evidence(request: web.Request, row: RecordRow) -> dict[str, Any]:
+    """What the browser needs to check the record itself (runs in a worker thread)."""
+    ledger = request.app[LEDGER]
+    latest = ledger.latest_checkpoint()
+    if latest is None or latest.size <= row.leaf_index:
+        request.app[INTEGRATOR].seal_now()
+        latest = ledger.latest_checkpoint()
+    evidence: dict[str, Any] = {
+        "record_id": row.record_id, "leaf_index": row.leaf_index,
+        "canonical_base64": base64.b64encode(row.canonical).decode(),
+        "log_leaf_hash": ledger.leaf_hash(row.leaf_index).hex(),
+        "tree_size": None, "inclusion_proof": [], "checkpoint": None,
+        "anchor_ref": row.anchor_ref,
+    }
+    if latest is not None and latest.size > row.leaf_index:
+        evidence.update(tree_size=latest.size, checkpoint=latest.note.decode(),
+                        inclusion_proof=[h.hex() for h in
+                                         ledger.inclusion_proof(row.leaf_index, latest.size)])
+    return evidence
+
+
+def evidence_script(evidence: dict[str, Any]) -> str:
+    """The evidence as inert JSON inside the page; '<' escaped so no tag can close it."""
+    text = json.dumps(evidence, sort_keys=True).replace("<", "\\u003c")
+    return f'<script type="application/json" id="evidence">{text}</script>'
+
+
+async def record_page(request: web.Request) -> web.Response:
+    session = await current_session(request)
+    if session is None:
+        return _to_login()
+    record_id = request.match_info["record_id"]
+    row = await asyncio.to_thread(request.app[LEDGER].get_record, record_id)
+    if row is None:
+        return error_page(404, "Not found", f"no record {record_id!r}", session)
+    evidence = await asyncio.to_thread(_evidence, request, row)
+    mirror = "".join(
+        f"<tr><th>{escape(name)}</th><td><code>{escape(str(value))}</code></td></tr>"
+        for name, value in (("leaf index", row.leaf_index),
+                            ("created", f"{row.created_at:%Y-%m-%d %H:%M:%S} UTC"),
+                            ("tenant", row.tenant),
+                            ("first checkpoint size", row.checkpoint_size or "not yet"),
+                            ("anchor", row.anchor_ref or "not anchored yet"),
+                            *((k, v) for k, v in row.columns.items() if v is not None)))
+    main = _template("record.html").substitute(
+        record_id=escape(record_id), mirror=mirror, evidence=evidence_script(evidence))
+    return page(f"Record {record_id}", main, session)
+
+
+# --- plots -----------------------------------------------------------------------------
+
+
+def _plot_points(ledger: SqlLedger, since: datetime, until: datetime) -> list[Point]:
+    points: list[Point] = []
+    cursor: str | None = None
+    while len(points) < PLOT_MAX_RECORDS:
+        rows, cursor = ledger.query(since=since, until=until, limit=5000, cursor=cursor)
+        points.extend(Point.from_record(r.created_at, r.columns, json.loads(r.canonical))
+                      for r in rows)
+        if cursor is None:
+            break
+    return points[:PLOT_MAX_RECORDS]
+
+
+def anchor_lag(ledger: SqlLedger, since: datetime, until: datetime
+               ) -> list[tuple[datetime, float]]:
+    """Seconds from sealing each checkpoint to anchoring it, for anchors in the range."""
+    statement = (select(anchors.c.anchored_at, checkpoints.c.sealed_at)
+                 .join(checkpoints, checkpoints.c.size == anchors.c.size)
+                 .where(anchors.c.anchored_at >= since, anchors.c.anchored_at < until)
+                 .order_by(anchors.c.anchored_at))
+    with ledger.engine.connect() as conn:
+        return [(row.anchored_at, max(0.0, (row.anchored_at - row.sealed_at).total_seconds()))
+                for row in conn.execute(statement)]
+
+
+async def plots_page(request: web.Request) -> web.Response:
+    session = await current_session(request)
+    if session is None:
+        return _to_login()
+    try:
+        search = parse_search(request.query)
+    except BadField as exc:
+        return error_page(400, "Bad range", exc.reason, session, field=exc.field)
+    until = search.until or datetime.now(UTC).replace(tzinfo=None) + timedelta(minutes=1)
+    since = search.since or until - timedelta(hours=24)
+    points = await asyncio.to_thread(_plot_points, request.app[LEDGER], since, until)
+    lag = await asyncio.to_thread(anchor_lag, request.app[LEDGER], since, until)
+    changes = fingerprint_changes(points)
+    labels = dict(TIMELINE_FIELDS)
+    change_rows = "".join(
+        f'<tr class="change-row"><td>{c.at:%Y-%m-%d %H:%M:%S} UTC</td>'
+        f"<td>{escape(labels[c.field])}</td><td><code>{escape(c.before)}</code></td>"
+        f"<td>{c.records_before}</td><td><code>{escape(c.after)}</code></td>"
+        f"<td>{c.records_after}</td></tr>" for c in changes)
+    capped = (f"<p>Only the first {PLOT_MAX_RECORDS} records of the range are plotted.</p>"
+              if len(points) >= PLOT_MAX_RECORDS else "")
+    main = _template("plots.html").substitute(
+        since=escape(since.isoformat(timespec="minutes")),
+        until=escape(until.isoformat(timespec="minutes")), count=len(points), capped=capped,
+        rpm=bar_chart_svg(per_minute(points), title="records (requests) per minute"),
+        timeline=timeline_svg(points, changes), change_rows=change_rows,
+        latency=line_chart_svg(phase_percentiles(points), title="latency per phase, p50 and "
+                               "p99 per minute (from the records' timings)", unit="ms"),
+        batch=line_chart_svg({"mean batch size": mean_batch_size(points)},
+                             title="mean batch size per minute", unit=""),
+        anchor_lag=line_chart_svg({"seal to anchor": lag},
+                                  title="anchoring lag per anchored checkpoint", unit="s"))
+    return page("Plots", main, session)
+
+
+# --- static assets and registration ----------------------------------------------------
+
+
+async def static(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if name not in STATIC_TYPES:  # a fixed list: no path ever reaches the file system
+        return web.Response(status=404, text="not found")
+    return web.Response(body=(ASSETS / "static" / name).read_bytes(),
+                        content_type=STATIC_TYPES[name],
+                        headers={"X-Content-Type-Options": "nosniff",
+                                 "Cache-Control": "no-cache"})
+
+
+def console_routes() -> list[web.RouteDef]:
+    return [
+        web.get("/console", search_page),
+        web.get("/console/login", login_form),
+        web.post("/console/login", login),
+        web.post("/console/logout", logout),
+        web.get("/console/records.csv", export_csv),
+        web.get("/console/records.bundle", export_bundle),
+        web.get("/console/records/{record_id}", record_page),
+        web.get("/console/plots", plots_page),
+        web.get("/console/static/{name}", static),
+    ]
+
+
+def setup_console(app: web.Application) -> None:
+    """Register the console on an app built by ``create_app``."""
+    app[SESSIONS] = SessionStore()
+    app.add_routes(console_routes())

@@ -1,0 +1,78 @@
+"""A real service on loopback (tiny model, SQLite ledger) with records to look at.
+
+The records are one real generate call and synthetic records appended through the same
+ledger, spread over two drivers and two tenants so that filters and the fingerprint
+timeline have something to find.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inference_wrapper.server.app import KEYS, LEDGER, SIGNER, create_app
+from inference_wrapper.server.settings import Settings
+from tests.records import make_record
+
+MakeClient = Callable[..., Awaitable[Any]]
+CSRF_FIELD = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+@dataclass
+class Console:
+    client: Any  # aiohttp TestClient on a real loopback socket
+    tokens: dict[str, str]
+    verifier_key: str  # the log key an auditor pins (obtained out of band)
+    generated_id: str  # a record made by a real generate call
+    synthetic_ids: list[str]
+
+    @property
+    def base_url(self) -> str:
+        return str(self.client.server.make_url("")).rstrip("/")
+
+
+def synthetic(i: int) -> Any:
+    # Records 0-3 on driver 550, 4-6 on 560: one driver change with 4 and 3 on each side.
+    driver = "550.54.15" if i < 4 else "560.35.03"
+    tenant = "bank-a" if i % 2 == 0 else "bank-b"
+    return make_record(i, tenant=tenant, driver=driver, padding=10,
+                       created_at=f"2026-11-30T09:{i:02d}:00.000Z")
+
+
+@pytest.fixture()
+async def console(aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: Any) -> Console:
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+                        log_key_path=tmp_path / "log.key", max_wait_ms=5.0,
+                        checkpoint_interval_s=0.2, anchor_interval_s=0.2)
+    app = create_app(settings, tiny_generator)
+    client = await aiohttp_client(app)
+    keys = app[KEYS]
+    tokens = {"client": keys.create("bank-a", "client")[0],
+              "auditor": keys.create("audit-firm", "auditor")[0],
+              "admin": keys.create("operator", "admin")[0]}
+    answer = await (await client.post("/v1/generate", json={"prompt": "Hello console",
+                                                            "max_new_tokens": 4},
+                                      headers={"Authorization": f"Bearer {tokens['client']}"}
+                                      )).json()
+    ledger = app[LEDGER]
+    ids = []
+    for i in range(7):
+        record = synthetic(i)
+        await asyncio.to_thread(ledger.append, record)
+        ids.append(record.record_id)
+    return Console(client, tokens, app[SIGNER].verifier().encode(), answer["record_id"], ids)
+
+
+async def sign_in(client: Any, token: str) -> Any:
+    """The browser's sign-in: fetch the form (and its CSRF cookie), post the key."""
+    form = await (await client.get("/console/login")).text()
+    csrf = CSRF_FIELD.search(form)
+    assert csrf is not None
+    return await client.post("/console/login", data={"api_key": token, "csrf": csrf.group(1)},
+                             allow_redirects=False)

@@ -1,0 +1,302 @@
+"""The console in a real browser: Debian's Chromium driven by Playwright.
+
+The page verifies records itself, so a lying server must be caught by the page. The
+liar is a small aiohttp proxy on loopback in front of the real service that rewrites
+the record page's evidence: altered record bytes (check 1 fails), a checkpoint signed
+by another key (check 3 fails), a forged signature under the right key hash (check 3),
+a tampered proof (check 2).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+from ledger.checkpoint import NoteSigner, NoteVerifier, SignedNote
+from tests.console.conftest import Console
+
+CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run", "--disable-sync"]
+EVIDENCE = re.compile(r'(<script type="application/json" id="evidence">)(.*?)(</script>)', re.S)
+TIMEOUT_MS = 60_000  # generous: a shared 2-core machine; nothing waits on a fixed delay
+expect.set_options(timeout=TIMEOUT_MS)
+# Set to a folder to keep the screenshots (the README's come from here).
+SHOTS = os.environ.get("AUDIT_LEDGER_SCREENSHOTS")
+
+
+@pytest.fixture()
+async def browser() -> AsyncIterator[Browser]:
+    executable = shutil.which("chromium")
+    assert executable, "Debian's chromium is missing: run `make setup` (scripts/setup.sh)"
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=executable,
+                                                    args=CHROMIUM_ARGS, headless=True)
+        yield launched
+        await launched.close()
+
+
+async def new_page(browser: Browser) -> Page:
+    page = await browser.new_page(viewport={"width": 1200, "height": 900})
+    page.set_default_timeout(TIMEOUT_MS)
+    page.on("console", lambda message: print("browser console:", message.text))
+    page.on("pageerror", lambda error: print("browser error:", error))
+    return page
+
+
+async def sign_in(page: Page, console: Console, token: str) -> None:
+    await page.goto(f"{console.base_url}/console/login")
+    await page.fill("#api-key", token)
+    await page.click("#sign-in")
+
+
+async def pin_and_verify(page: Page, url: str, key: str) -> None:
+    await page.goto(url)
+    await page.fill("#pin-key", key)
+    await page.click("#pin-button")
+    await expect(page.locator("#verdict")).not_to_have_attribute("data-status", "pending")
+    await expect(page.locator("#verdict")).not_to_have_attribute("data-status", "incomplete")
+
+
+async def statuses(page: Page) -> dict[int, str]:
+    return {n: str(await page.get_attribute(f"#check-{n}", "data-status")) for n in (1, 2, 3, 4)}
+
+
+# --- the lying proxy -------------------------------------------------------------------
+
+
+Lie = Callable[[dict[str, Any]], None]
+
+
+def altered_bytes(evidence: dict[str, Any]) -> None:
+    canonical = base64.b64decode(evidence["canonical_base64"])
+    evidence["canonical_base64"] = base64.b64encode(
+        canonical.replace(b'"tenant":"bank-a"', b'"tenant":"bank-z"')).decode()
+
+
+def signed_by_another_key(evidence: dict[str, Any]) -> None:
+    note = SignedNote.parse(evidence["checkpoint"].encode())
+    origin = note.body.decode().split("\n", 1)[0]
+    impostor = NoteSigner(origin, Ed25519PrivateKey.generate())
+    evidence["checkpoint"] = impostor.sign(note.body).decode()
+
+
+def forged_signature(evidence: dict[str, Any]) -> None:
+    note = SignedNote.parse(evidence["checkpoint"].encode())
+    name, key_hash, signature = note.signatures[0]
+    forged = bytes([signature[0] ^ 1]) + signature[1:]
+    evidence["checkpoint"] = SignedNote(note.body, ((name, key_hash, forged),)).serialize().decode()
+
+
+def tampered_proof(evidence: dict[str, Any]) -> None:
+    first = bytearray(bytes.fromhex(evidence["inclusion_proof"][0]))
+    first[0] ^= 1
+    evidence["inclusion_proof"][0] = first.hex()
+
+
+async def lying_proxy(upstream: str, lie: Lie) -> TestServer:
+    """Forwards everything to the real service, rewriting record pages' evidence."""
+    async def forward(request: web.Request) -> web.Response:
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("cookie",)}
+        async with aiohttp.ClientSession() as session, session.request(
+                request.method, upstream + request.path_qs, headers=headers,
+                data=await request.read(), allow_redirects=False) as answer:
+            body = await answer.read()
+            if request.path.startswith("/console/records/"):
+                def rewrite(match: re.Match[str]) -> str:
+                    evidence = json.loads(match.group(2))
+                    lie(evidence)
+                    return match.group(1) + json.dumps(evidence).replace("<", "\\u003c") + \
+                        match.group(3)
+                body = EVIDENCE.sub(rewrite, body.decode()).encode()
+            keep = ("Content-Type", "Location", "Content-Security-Policy")
+            return web.Response(status=answer.status, body=body,
+                                headers={k: answer.headers[k] for k in keep
+                                         if k in answer.headers})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", forward)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    return server
+
+
+# --- the tests -------------------------------------------------------------------------
+
+
+async def test_sign_in_search_open_record_and_every_browser_check_passes(
+        console: Console, browser: Browser) -> None:
+    page = await new_page(browser)
+    await sign_in(page, console, console.tokens["auditor"])
+    await expect(page.locator("#results")).to_be_visible()
+    assert console.tokens["auditor"] not in page.url
+    await page.fill("input[name=tenant]", "bank-a")
+    await page.click("#search")
+    await expect(page.locator("#result-count")).to_have_text("5")  # generated + 4 synthetic
+    await page.click(f"a[href='/console/records/{console.generated_id}']")
+    await page.fill("#pin-key", console.verifier_key)
+    await page.click("#pin-button")
+    await expect(page.locator("#verdict")).to_have_attribute("data-status", "pass")
+    assert await statuses(page) == {1: "pass", 2: "pass", 3: "pass", 4: "not-checked"}
+    await expect(page.locator("table[data-section=hardware]")).to_be_visible()
+    # The pinned key is a public key; it stays in this tab's session storage.
+    assert await page.evaluate("Object.keys(localStorage).length") == 0
+    if SHOTS:
+        await page.screenshot(path=str(Path(SHOTS) / "console-record.png"))
+        await page.goto(f"{console.base_url}/console/plots?since=2026-11-30T08:00")
+        await page.locator("#changes").wait_for()
+        await page.screenshot(path=str(Path(SHOTS) / "console-plots.png"), full_page=True)
+
+
+async def test_without_a_pinned_key_nothing_is_called_verified(
+        console: Console, browser: Browser) -> None:
+    page = await new_page(browser)
+    await sign_in(page, console, console.tokens["auditor"])
+    await page.goto(f"{console.base_url}/console/records/{console.generated_id}")
+    await expect(page.locator("#verdict")).to_have_attribute("data-status", "incomplete")
+    assert await statuses(page) == {1: "pass", 2: "skipped", 3: "skipped", 4: "not-checked"}
+
+
+async def test_session_cookie_flags_as_the_browser_holds_them(
+        console: Console, browser: Browser) -> None:
+    page = await new_page(browser)
+    await sign_in(page, console, console.tokens["admin"])
+    await expect(page.locator("#results")).to_be_visible()
+    cookies = {c["name"]: c for c in await page.context.cookies()}
+    session = cookies["alc_session"]
+    assert session["httpOnly"] is True
+    assert session["sameSite"] == "Strict"
+    assert session["expires"] > 0  # not a cookie that lives as long as the browser
+    assert await page.evaluate("document.cookie") == ""  # script cannot read it
+
+
+async def test_client_key_cannot_sign_in_from_the_browser(
+        console: Console, browser: Browser) -> None:
+    page = await new_page(browser)
+    await sign_in(page, console, console.tokens["client"])
+    await expect(page.locator("p.error")).to_have_attribute("data-status", "403")
+    assert "alc_session" not in {c["name"] for c in await page.context.cookies()}
+
+
+@pytest.mark.parametrize(("lie", "failed_check", "reason"), [
+    (altered_bytes, 1, "record bytes hash to"),
+    (signed_by_another_key, 3, "note carries no signature by key"),
+    (forged_signature, 3, "does not verify"),
+    (tampered_proof, 2, "calculated root"),
+], ids=["altered-record-bytes", "checkpoint-signed-by-another-key", "forged-signature",
+        "tampered-proof"])
+async def test_lying_server_is_caught_by_the_page(
+        console: Console, browser: Browser, lie: Lie, failed_check: int, reason: str) -> None:
+    proxy = await lying_proxy(console.base_url, lie)
+    try:
+        page = await new_page(browser)
+        await sign_in(page, console, console.tokens["auditor"])
+        await expect(page.locator("#results")).to_be_visible()
+        # The session cookie is the loopback host's; the proxy forwards it upstream.
+        url = str(proxy.make_url(f"/console/records/{console.synthetic_ids[0]}"))
+        await pin_and_verify(page, url, console.verifier_key)
+        await expect(page.locator("#verdict")).to_have_text(
+            f"NOT verified: check {failed_check} failed")
+        await expect(page.locator(f"#check-{failed_check} .reason")).to_contain_text(reason)
+        checks = await statuses(page)
+        if SHOTS and lie is altered_bytes:
+            await page.screenshot(path=str(Path(SHOTS) / "console-record-lying.png"))
+        assert checks[failed_check] == "fail"
+        assert [n for n in (1, 2, 3) if checks[n] == "fail"] == [failed_check]
+    finally:
+        await proxy.close()
+
+
+def test_the_pinned_key_in_these_tests_is_a_real_verifier_key(console: Console) -> None:
+    assert NoteVerifier.decode(console.verifier_key).name == "audit-ledger.local/log"
+
+
+async def test_pinning_a_key_whose_base64_has_a_plus_sign(
+        console: Console, browser: Browser) -> None:
+    # A verifier key's base64 part may contain '+', the field separator: split at two.
+    for _ in range(500):
+        other = NoteSigner("audit-ledger.local/log", Ed25519PrivateKey.generate())
+        text = other.verifier().encode()
+        if "+" in text.split("+", 2)[2]:
+            break
+    else:
+        raise AssertionError("no key with '+' in its base64 in 500 tries")
+    page = await new_page(browser)
+    await sign_in(page, console, console.tokens["auditor"])
+    await expect(page.locator("#results")).to_be_visible()
+    await pin_and_verify(page, f"{console.base_url}/console/records/{console.generated_id}",
+                         text)
+    await expect(page.locator("#pinned-key")).to_have_text(text)
+    # Not the log's key: the page refuses the checkpoint at check 3.
+    await expect(page.locator("#check-3 .reason")).to_contain_text(
+        "note carries no signature by key")
+
+
+async def test_the_pages_inclusion_fold_matches_rfc_9162_for_every_leaf_of_small_trees(
+        console: Console, browser: Browser) -> None:
+    """verify.js's proof folding against the RFC's own recursive definition (tests/
+    merkle_reference.py), for every index of trees of 1 to 17 leaves, and one index off."""
+    from ledger.merkle import hash_leaf
+    from tests import merkle_reference
+
+    page = await new_page(browser)
+    await sign_in(page, console, console.tokens["auditor"])
+    await page.goto(f"{console.base_url}/console/records/{console.generated_id}")
+    cases = []
+    for size in range(1, 18):
+        entries = [f"entry {i}".encode() for i in range(size)]
+        root = merkle_reference.mth(entries).hex()
+        for index in range(size):
+            cases.append({"leaf": hash_leaf(entries[index]).hex(), "index": index,
+                          "size": size, "root": root,
+                          "proof": [h.hex() for h in merkle_reference.path(index, entries)]})
+    results = await page.evaluate("""async (cases) => {
+        const out = [];
+        for (const c of cases) {
+            const proof = c.proof.map(unhex);
+            const root = await rootFromInclusion(unhex(c.leaf), c.index, c.size, proof);
+            let shifted = null;  // the same proof claimed for the next index must not hold
+            try {
+                shifted = hex(await rootFromInclusion(unhex(c.leaf), c.index + 1, c.size,
+                                                      proof));
+            } catch (err) { shifted = "error"; }
+            out.push([hex(root) === c.root, shifted !== c.root]);
+        }
+        return out;
+    }""", cases)
+    assert len(results) == 153
+    assert all(ok for ok, _ in results)
+    assert all(moved for _, moved in results)
+
+
+def unreadable_bytes(evidence: dict[str, Any]) -> None:
+    evidence["canonical_base64"] = "%%% not base64 %%%"
+
+
+async def test_evidence_the_page_cannot_read_is_a_failure_not_a_pass(
+        console: Console, browser: Browser) -> None:
+    proxy = await lying_proxy(console.base_url, unreadable_bytes)
+    try:
+        page = await new_page(browser)
+        await sign_in(page, console, console.tokens["auditor"])
+        await expect(page.locator("#results")).to_be_visible()
+        await page.goto(str(proxy.make_url(f"/console/records/{console.generated_id}")))
+        await page.fill("#pin-key", console.verifier_key)
+        await page.click("#pin-button")
+        await expect(page.locator("#verdict")).to_have_attribute("data-status", "fail")
+        await expect(page.locator("#verdict")).to_contain_text("evidence is malformed")
+    finally:
+        await proxy.close()

@@ -1,0 +1,298 @@
+"""The console over real HTTP: sessions, CSRF, roles, search, CSV, record evidence, plots."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import csv
+import io
+import json
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from inference_wrapper.server import console as console_module
+from inference_wrapper.server.app import KEYS, LEDGER
+from ledger.checkpoint import NoteVerifier
+from ledger.verify import Evidence, verify_record
+from tests.console.conftest import Console, sign_in
+
+EVIDENCE = re.compile(r'<script type="application/json" id="evidence">(.*?)</script>', re.S)
+
+
+async def test_console_without_session_redirects_to_sign_in(console: Console) -> None:
+    for path in ("/console", "/console/plots", "/console/records.csv",
+                 f"/console/records/{console.generated_id}"):
+        response = await console.client.get(path, allow_redirects=False)
+        assert response.status == 303, path
+        assert response.headers["Location"] == "/console/login"
+
+
+async def test_session_cookie_is_httponly_samesite_strict_with_expiry(console: Console) -> None:
+    response = await sign_in(console.client, console.tokens["auditor"])
+    assert response.status == 303
+    assert response.headers["Location"] == "/console"  # the key is never in a URL
+    cookie = next(v for v in response.headers.getall("Set-Cookie")
+                  if v.startswith("alc_session="))
+    attributes = {part.strip().split("=")[0].lower() for part in cookie.split(";")[1:]}
+    assert {"httponly", "samesite", "max-age", "path"} <= attributes
+    assert "SameSite=Strict" in cookie
+    assert "Max-Age=3600" in cookie
+    assert console.tokens["auditor"] not in cookie
+    page = await (await console.client.get("/console")).text()
+    assert "signed in as auditor (audit-firm)" in page
+    assert console.tokens["auditor"] not in page
+
+
+async def test_sign_in_without_csrf_token_is_refused_403(console: Console) -> None:
+    await console.client.get("/console/login")  # the CSRF cookie is set, the field is not sent
+    response = await console.client.post("/console/login",
+                                         data={"api_key": console.tokens["auditor"]},
+                                         allow_redirects=False)
+    assert response.status == 403
+    assert 'data-field="csrf"' in await response.text()
+    assert "alc_session" not in response.headers.get("Set-Cookie", "")
+    assert (await console.client.get("/console", allow_redirects=False)).status == 303
+
+
+async def test_sign_in_with_a_forged_csrf_token_is_refused_403(console: Console) -> None:
+    await console.client.get("/console/login")
+    response = await console.client.post(
+        "/console/login", data={"api_key": console.tokens["auditor"], "csrf": "forged"},
+        allow_redirects=False)
+    assert response.status == 403
+
+
+async def test_client_key_cannot_sign_in_403(console: Console) -> None:
+    response = await sign_in(console.client, console.tokens["client"])
+    assert response.status == 403
+    assert "role &#x27;client&#x27; may not use the console" in await response.text()
+    assert (await console.client.get("/console", allow_redirects=False)).status == 303
+
+
+async def test_unknown_key_cannot_sign_in_401(console: Console) -> None:
+    response = await sign_in(console.client, "alk_0000000000000000_nope")
+    assert response.status == 401
+    assert "unknown or revoked" in await response.text()
+
+
+async def test_admin_key_signs_in(console: Console) -> None:
+    assert (await sign_in(console.client, console.tokens["admin"])).status == 303
+    assert "signed in as admin" in await (await console.client.get("/console")).text()
+
+
+async def test_sign_out_needs_the_session_csrf_token(console: Console) -> None:
+    await sign_in(console.client, console.tokens["auditor"])
+    refused = await console.client.post("/console/logout", data={}, allow_redirects=False)
+    assert refused.status == 403
+    assert (await console.client.get("/console", allow_redirects=False)).status == 200
+    page = await (await console.client.get("/console")).text()
+    token = re.search(r'action="/console/logout".*?name="csrf" value="([^"]+)"', page, re.S)
+    assert token is not None
+    done = await console.client.post("/console/logout", data={"csrf": token.group(1)},
+                                     allow_redirects=False)
+    assert done.status == 303
+    assert (await console.client.get("/console", allow_redirects=False)).status == 303
+
+
+async def test_revoking_the_key_ends_its_session(console: Console) -> None:
+    keys = console.client.server.app[KEYS]
+    token, key = keys.create("audit-firm", "auditor")
+    await sign_in(console.client, token)
+    assert (await console.client.get("/console", allow_redirects=False)).status == 200
+    keys.revoke(key.key_id)
+    assert (await console.client.get("/console", allow_redirects=False)).status == 303
+
+
+async def test_search_filters_by_tenant_driver_and_time(console: Console) -> None:
+    await sign_in(console.client, console.tokens["auditor"])
+
+    async def ids(query: str) -> list[str]:
+        page = await (await console.client.get(f"/console?{query}")).text()
+        return re.findall(r'class="record-link" href="/console/records/([^"]+)"', page)
+
+    assert len(await ids("")) == 8
+    assert await ids("tenant=bank-b") == console.synthetic_ids[1::2]
+    assert await ids("driver_version=560.35.03") == console.synthetic_ids[4:]
+    assert await ids("since=2026-11-30T09:02&until=2026-11-30T09:04") == \
+        console.synthetic_ids[2:4]
+    assert await ids("tenant=bank-a&driver_version=550.54.15") == console.synthetic_ids[0:4:2]
+
+
+async def test_search_paginates_with_a_cursor(console: Console) -> None:
+    await sign_in(console.client, console.tokens["auditor"])
+    seen: list[str] = []
+    url = "/console?limit=3"
+    while url:
+        page = await (await console.client.get(url)).text()
+        seen += re.findall(r'class="record-link" href="/console/records/([^"]+)"', page)
+        more = re.search(r'id="next-page" href="([^"]+)"', page)
+        url = more.group(1).replace("&amp;", "&") if more else ""
+    assert seen == [console.generated_id, *console.synthetic_ids]
+
+
+async def test_bad_search_input_is_400_naming_the_field(console: Console) -> None:
+    await sign_in(console.client, console.tokens["auditor"])
+    for query, field in (("since=yesterday", "since"), ("limit=0", "limit"),
+                         ("limit=9999", "limit"), ("cursor=bogus", "cursor")):
+        response = await console.client.get(f"/console?{query}")
+        assert response.status == 400, query
+        assert f'data-field="{field}"' in await response.text()
+
+
+async def test_csv_export_has_every_matching_row_across_pages(console: Console,
+                                                              monkeypatch: Any) -> None:
+    monkeypatch.setattr(console_module, "CSV_PAGE", 2)  # force several pages
+    await sign_in(console.client, console.tokens["auditor"])
+    response = await console.client.get("/console/records.csv?tenant=bank-a")
+    assert response.status == 200
+    assert response.headers["Content-Type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(await response.text())))
+    assert [r["record_id"] for r in rows] == [console.generated_id,
+                                              *console.synthetic_ids[0::2]]
+    assert rows[1]["driver_version"] == "550.54.15"
+    assert rows[-1]["driver_version"] == "560.35.03"
+
+
+def test_csv_cells_that_a_spreadsheet_would_run_are_defused() -> None:
+    assert console_module._csv_cell("=HYPERLINK(1)") == "'=HYPERLINK(1)"
+    assert console_module._csv_cell("@SUM(A1)") == "'@SUM(A1)"
+    assert console_module._csv_cell("bank-a") == "bank-a"
+
+
+async def test_record_page_carries_evidence_and_no_verdict(console: Console) -> None:
+    await sign_in(console.client, console.tokens["auditor"])
+    page = await (await console.client.get(f"/console/records/{console.generated_id}")).text()
+    match = EVIDENCE.search(page)
+    assert match is not None
+    evidence = json.loads(match.group(1))
+    # The server says nothing about the outcome: every check starts pending.
+    assert page.count('data-status="pending"') == 5
+    assert "pass" not in json.dumps(evidence)
+    # The evidence is complete: Python's verifier, given the pinned key, accepts it.
+    verdict = verify_record(
+        Evidence(record_id=evidence["record_id"],
+                 canonical=base64.b64decode(evidence["canonical_base64"]),
+                 leaf_index=evidence["leaf_index"],
+                 inclusion_proof=[bytes.fromhex(h) for h in evidence["inclusion_proof"]],
+                 checkpoint_note=evidence["checkpoint"].encode(),
+                 log_leaf_hash=bytes.fromhex(evidence["log_leaf_hash"])),
+        NoteVerifier.decode(console.verifier_key), NoteVerifier.decode(
+            console.verifier_key).name, require_anchor=False)
+    assert [c.passed for c in verdict.checks[:3]] == [True, True, True]
+
+
+async def test_record_page_escapes_what_could_close_the_evidence_block() -> None:
+    block = console_module.evidence_script({"x": "</script><script>alert(1)</script>"})
+    assert block.count("</script>") == 1
+    assert json.loads(block.split(">", 1)[1].rsplit("<", 1)[0]) == {
+        "x": "</script><script>alert(1)</script>"}
+
+
+async def test_unknown_record_is_404(console: Console) -> None:
+    await sign_in(console.client, console.tokens["auditor"])
+    response = await console.client.get("/console/records/no-such-record")
+    assert response.status == 404
+    assert "no record &#x27;no-such-record&#x27;" in await response.text()
+
+
+async def test_pages_forbid_inline_script_and_framing(console: Console) -> None:
+    await sign_in(console.client, console.tokens["auditor"])
+    response = await console.client.get(f"/console/records/{console.generated_id}")
+    policy = response.headers["Content-Security-Policy"]
+    assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    assert response.headers["Cache-Control"] == "no-store"
+    script = await console.client.get("/console/static/verify.js")
+    assert script.status == 200 and script.content_type == "text/javascript"
+    assert (await console.client.get("/console/static/..%2Fconsole.py")).status == 404
+
+
+async def test_plots_show_requests_per_minute_and_the_driver_change(console: Console) -> None:
+    await sign_in(console.client, console.tokens["auditor"])
+    now = datetime.now(UTC).replace(tzinfo=None)
+    page = await (await console.client.get(
+        f"/console/plots?since=2026-11-30T08:00&until={now:%Y-%m-%dT%H:%M}:59")).text()
+    assert '<span id="plot-count">8</span>' in page
+    assert page.count("<rect ") == 8  # 7 synthetic minutes and the generated record's
+    rows = re.findall(r'<tr class="change-row">(.*?)</tr>', page, re.S)
+    driver = [r for r in rows if "<td>driver</td>" in r and "560.35.03" in r]
+    assert len(driver) == 1
+    cells = re.findall(r"<td>(.*?)</td>", driver[0])
+    assert cells[2:] == ["<code>550.54.15</code>", "4", "<code>560.35.03</code>", "3"]
+    # Latency lines come from the records' own timings: the generated record has four
+    # phases (p50 and p99 each, and their total), the synthetic ones only "forward".
+    latency = re.search(r'<figure id="latency">(.*?)</figure>', page, re.S)
+    assert latency is not None
+    labels = set(re.findall(r"<polyline[^>]*><title>([^<]+)</title>", latency.group(1)))
+    assert {"forward p50", "forward p99", "decode p99", "total p50"} <= labels
+    batch = re.search(r'<figure id="batch">(.*?)</figure>', page, re.S)
+    assert batch is not None and "mean batch size" in batch.group(1)
+
+
+async def test_plots_show_the_anchoring_lag_once_something_is_anchored(
+        console: Console) -> None:
+    from ledger.anchor.local import LocalAnchor
+
+    ledger = console.client.server.app[LEDGER]
+    for _ in range(1200):  # polled, generous: the anchor worker runs on its own interval
+        if await asyncio.to_thread(LocalAnchor.latest_row, ledger) is not None:
+            break
+        await asyncio.sleep(0.05)
+    lag = await asyncio.to_thread(console_module.anchor_lag, ledger,
+                                  datetime(2026, 1, 1), datetime(2100, 1, 1))
+    assert lag and all(seconds >= 0 for _, seconds in lag)
+    await sign_in(console.client, console.tokens["auditor"])
+    page = await (await console.client.get("/console/plots")).text()
+    figure = re.search(r'<figure id="anchor-lag">(.*?)</figure>', page, re.S)
+    assert figure is not None
+    assert "<polyline" in figure.group(1) and "seal to anchor" in figure.group(1)
+
+
+async def test_bundle_export_verifies_offline_with_the_pinned_key(console: Console,
+                                                                   tmp_path: Any) -> None:
+    from audit_cli.main import main
+    from ledger.anchor.local import LocalAnchor
+    from ledger.bundle import Bundle
+
+    # Check 4 needs an anchored checkpoint: wait (polled, generous) for the anchor worker.
+    ledger = console.client.server.app[LEDGER]
+    for _ in range(1200):
+        if await asyncio.to_thread(LocalAnchor.latest_row, ledger) is not None:
+            break
+        await asyncio.sleep(0.05)
+    await sign_in(console.client, console.tokens["auditor"])
+    page = await (await console.client.get("/console?tenant=bank-b")).text()
+    link = re.search(r'id="bundle-export" href="([^"]+)"', page)
+    assert link is not None
+    response = await console.client.get(link.group(1).replace("&amp;", "&"))
+    assert response.status == 200
+    text = await response.text()
+    bundle = Bundle.loads(text)
+    assert [e.record_id for e in bundle.entries] == console.synthetic_ids[1::2]
+    path = tmp_path / "bundle.json"
+    path.write_text(text)
+    assert main(["verify", "--bundle", str(path), "--log-key", console.verifier_key,
+                 "--no-state"]) == 0
+
+
+async def test_an_expired_session_is_refused_even_if_the_browser_still_sends_it(
+        console: Console) -> None:
+    assert (await sign_in(console.client, console.tokens["auditor"])).status == 303
+    assert (await console.client.get("/console", allow_redirects=False)).status == 200
+    sessions = console.client.server.app[console_module.SESSIONS]
+    for session in sessions._sessions.values():  # the server's clock passes the expiry
+        session.expires_at = 0.0
+    assert (await console.client.get("/console", allow_redirects=False)).status == 303
+    assert not sessions._sessions  # and the expired one is dropped
+
+
+def test_session_table_keeps_hashes_and_evicts_the_oldest_when_full() -> None:
+    store = console_module.SessionStore(ttl_s=60.0, max_sessions=2)
+    first, _ = store.create("k1", "t", "auditor")
+    second, _ = store.create("k2", "t", "auditor")
+    third, _ = store.create("k3", "t", "auditor")
+    assert store.get(first) is None  # the oldest made room
+    assert store.get(second) is not None and store.get(third) is not None
+    assert first not in repr(store._sessions) and third not in repr(store._sessions)
+    store.drop(third)
+    assert store.get(third) is None

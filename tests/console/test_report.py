@@ -1,0 +1,133 @@
+"""`audit-ledger report`: the evidence pack over a time range, from a real SQLite ledger."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from sqlalchemy import update
+
+from audit_cli.main import main
+from ledger.anchor.local import LocalAnchor
+from ledger.checkpoint import NoteSigner
+from ledger.store.migrate import upgrade
+from ledger.store.schema import records
+from ledger.store.sql import SqlLedger
+from tests.console.conftest import synthetic
+
+ORIGIN = "audit-ledger.test/log"
+RANGE = ["--from", "2026-11-30T09:00:00", "--to", "2026-11-30T10:00:00"]
+
+
+@pytest.fixture()
+def ledger_db(tmp_path: Path) -> tuple[str, str]:
+    """Seven records over two drivers and two tenants, sealed, anchored locally."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade(url)
+    signer = NoteSigner(ORIGIN, Ed25519PrivateKey.generate())
+    with SqlLedger(url) as ledger:
+        for i in range(7):
+            ledger.append(synthetic(i))
+        sealed = ledger.seal_checkpoint(signer, ORIGIN)
+        assert sealed is not None
+        LocalAnchor(ledger, signer.verifier(), ORIGIN).anchor(sealed.note)
+    return url, signer.verifier().encode()
+
+
+def report(url: str, key: str, out: Path, *extra: str) -> int:
+    return main(["report", "--db", url, "--log-key", key, "--out", str(out), *extra])
+
+
+def test_complete_pack_has_scope_checkpoints_counts_and_timeline(
+        ledger_db: tuple[str, str], tmp_path: Path) -> None:
+    url, key = ledger_db
+    out = tmp_path / "pack"
+    # The checkpoint was sealed now, not in the records' hour: the range reaches it.
+    assert report(url, key, out, "--from", "2026-11-30T09:00:00", "--to", "2100-01-01") == 0
+    html = (out / "report.html").read_text()
+    assert 'id="audit-verdict">COMPLETE: 7 records in range' in html
+    assert '<p id="record-count">7 records in scope.</p>' in html
+    assert "<td>bank-a</td><td>4</td>" in html and "<td>bank-b</td><td>3</td>" in html
+    assert "<td>NVIDIA H200</td><td>7</td>" in html
+    assert re.search(r"<td>7</td><td>[0-9a-f]{64}</td><td>[^<]+</td><td>valid</td>", html)
+    assert "<td>local</td><td>local:7</td>" in html
+    assert ("<td>driver</td><td>550.54.15</td><td>4</td><td>560.35.03</td><td>3</td>"
+            in html)
+    assert key in html
+    assert "<title>forward p99</title>" in html  # latency from the records' own timings
+    assert "<title>seal to anchor</title>" in html  # the checkpoint sealed and anchored
+    for obligation in ("EU AI Act Art. 12", "EU AI Act Art. 19", "SR 11-7", "SEC 17a-4(f)"):
+        assert f"<td>{obligation}" in html
+    assert main(["verify", "--bundle", str(out / "bundle.json"), "--log-key", key,
+                 "--no-state"]) == 0
+    digest, name = (out / "report.html.sha256").read_text().split()
+    assert name == "report.html"
+    assert digest == "sha256:" + hashlib.sha256((out / "report.html").read_bytes()).hexdigest()
+
+
+def test_tenant_scope_counts_only_that_tenant(ledger_db: tuple[str, str],
+                                              tmp_path: Path) -> None:
+    url, key = ledger_db
+    assert report(url, key, tmp_path / "pack", *RANGE, "--tenant", "bank-b") == 0
+    html = (tmp_path / "pack" / "report.html").read_text()
+    assert '<p id="record-count">3 records in scope.</p>' in html
+    assert "<td>bank-a</td>" not in html
+
+
+def test_edited_mirror_row_makes_the_pack_say_not_complete(ledger_db: tuple[str, str],
+                                                           tmp_path: Path) -> None:
+    url, key = ledger_db
+    with SqlLedger(url) as ledger, ledger.engine.begin() as conn:
+        conn.execute(update(records).where(records.c.leaf_index == 2)
+                     .values(driver_version="999.0"))
+    assert report(url, key, tmp_path / "pack", *RANGE) == 1
+    html = (tmp_path / "pack" / "report.html").read_text()
+    assert 'class="bad" id="audit-verdict">NOT COMPLETE' in html
+    assert "<td>column_mismatch</td><td>2</td>" in html
+
+
+def test_another_pinned_key_writes_no_pack_and_fails(ledger_db: tuple[str, str],
+                                                     tmp_path: Path) -> None:
+    url, _ = ledger_db
+    other = NoteSigner(ORIGIN, Ed25519PrivateKey.generate()).verifier().encode()
+    assert report(url, other, tmp_path / "pack", *RANGE) == 1
+    assert not (tmp_path / "pack").exists()
+
+
+def test_range_that_ends_before_it_starts_is_a_usage_error(ledger_db: tuple[str, str],
+                                                            tmp_path: Path) -> None:
+    url, key = ledger_db
+    assert report(url, key, tmp_path / "pack", "--from", "2026-11-30T10:00:00",
+                  "--to", "2026-11-30T09:00:00") == 2
+
+
+def test_the_report_prints_to_a_pdf_whose_pages_render(ledger_db: tuple[str, str],
+                                                      tmp_path: Path) -> None:
+    """--pdf prints with the system Chromium; pdftoppm (poppler-utils) turns each page
+    into a greyscale image, and every page must carry ink, not come out blank."""
+    url, key = ledger_db
+    out = tmp_path / "pack"
+    assert report(url, key, out, *RANGE, "--pdf") == 0
+    pdf = (out / "report.pdf").read_bytes()
+    assert pdf.startswith(b"%PDF-")
+    pdftoppm = shutil.which("pdftoppm")
+    assert pdftoppm, "pdftoppm is missing: run `make setup` (poppler-utils)"
+    subprocess.run([pdftoppm, "-r", "30", "-gray", str(out / "report.pdf"),
+                    str(tmp_path / "page")], check=True, timeout=300,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pages = sorted(tmp_path.glob("page*.pgm"))
+    assert len(pages) >= 2  # scope to obligations does not fit on one page
+    for page in pages:
+        data = page.read_bytes()
+        # Binary PGM: "P5", width, height, max value, one whitespace, then one byte a pixel.
+        fields = data.split(maxsplit=4)
+        assert fields[0] == b"P5"
+        width, height = int(fields[1]), int(fields[2])
+        pixels = data[len(data) - width * height:]
+        dark = sum(1 for value in pixels if value < 128)
+        assert dark > width * height // 1000, f"{page.name} looks blank"

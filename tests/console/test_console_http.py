@@ -13,8 +13,9 @@ from typing import Any
 
 from inference_wrapper.server import console as console_module
 from inference_wrapper.server.app import KEYS, LEDGER
+from ledger.anchor.store import SqlAnchorStore
 from ledger.checkpoint import NoteVerifier
-from ledger.verify import Evidence, verify_record
+from ledger.verify import Evidence, TrustPolicy, verify_record
 from tests.console.conftest import Console, sign_in
 
 EVIDENCE = re.compile(r'<script type="application/json" id="evidence">(.*?)</script>', re.S)
@@ -178,7 +179,7 @@ async def test_record_page_carries_evidence_and_no_verdict(console: Console) -> 
                  checkpoint_note=evidence["checkpoint"].encode(),
                  log_leaf_hash=bytes.fromhex(evidence["log_leaf_hash"])),
         NoteVerifier.decode(console.verifier_key), NoteVerifier.decode(
-            console.verifier_key).name, require_anchor=False)
+            console.verifier_key).name, policy=TrustPolicy(require_anchor=False))
     assert [c.passed for c in verdict.checks[:3]] == [True, True, True]
 
 
@@ -231,11 +232,10 @@ async def test_plots_show_requests_per_minute_and_the_driver_change(console: Con
 
 async def test_plots_show_the_anchoring_lag_once_something_is_anchored(
         console: Console) -> None:
-    from ledger.anchor.local import LocalAnchor
 
     ledger = console.client.server.app[LEDGER]
     for _ in range(1200):  # polled, generous: the anchor worker runs on its own interval
-        if await asyncio.to_thread(LocalAnchor.latest_row, ledger) is not None:
+        if await asyncio.to_thread(SqlAnchorStore(ledger).latest) is not None:
             break
         await asyncio.sleep(0.05)
     lag = await asyncio.to_thread(console_module.anchor_lag, ledger,
@@ -251,13 +251,12 @@ async def test_plots_show_the_anchoring_lag_once_something_is_anchored(
 async def test_bundle_export_verifies_offline_with_the_pinned_key(console: Console,
                                                                    tmp_path: Any) -> None:
     from audit_cli.main import main
-    from ledger.anchor.local import LocalAnchor
     from ledger.bundle import Bundle
 
     # Check 4 needs an anchored checkpoint: wait (polled, generous) for the anchor worker.
     ledger = console.client.server.app[LEDGER]
     for _ in range(1200):
-        if await asyncio.to_thread(LocalAnchor.latest_row, ledger) is not None:
+        if await asyncio.to_thread(SqlAnchorStore(ledger).latest) is not None:
             break
         await asyncio.sleep(0.05)
     await sign_in(console.client, console.tokens["auditor"])
@@ -272,7 +271,7 @@ async def test_bundle_export_verifies_offline_with_the_pinned_key(console: Conso
     path = tmp_path / "bundle.json"
     path.write_text(text)
     assert main(["verify", "--bundle", str(path), "--log-key", console.verifier_key,
-                 "--no-state"]) == 0
+                 "--no-state", "--accept-self-anchored"]) == 0
 
 
 async def test_an_expired_session_is_refused_even_if_the_browser_still_sends_it(

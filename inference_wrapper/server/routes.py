@@ -724,7 +724,12 @@ RESPONSES: dict[str, dict[str, Any]] = {
     "healthz": _obj({"status": {"const": "ok"}}),
     "readyz": _obj({"ready": {"type": "boolean"},
                     "checks": {"type": "object",
-                               "additionalProperties": {"type": "boolean"}}}),
+                               "additionalProperties": {"type": "boolean"}}},
+                   {"anchor_error": _STR,
+                    "replica": _obj({"id": _STR, "holds_lease": {"type": "boolean"},
+                                     "last_seal_age_s": {"type": ["number", "null"]},
+                                     "latest_sealed_by": {"type": ["string", "null"]},
+                                     "origin": _STR})}),
     "openapi": {"type": "object", "required": ["openapi", "paths"]},
 }
 

@@ -16,6 +16,7 @@ import logging
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,12 +54,12 @@ def decode_signer_key(text: str) -> NoteSigner:
     return signer
 
 
-def load_or_create_signer(path: Path, name: str) -> NoteSigner:
-    """Load the key at ``path``; create it (mode 0600) on first start."""
-    path = Path(path)
+def create_key_file_once(path: Path, make_text: Callable[[], str], what: str) -> None:
+    """Create a secret key file (mode 0600) unless it exists; warn when it is readable
+    by others. Two processes starting at once keep the first one's key."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        text = encode_signer_key(name, Ed25519PrivateKey.generate()) + "\n"
+        text = make_text()
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
@@ -68,10 +69,18 @@ def load_or_create_signer(path: Path, name: str) -> NoteSigner:
                 handle.write(text)
                 handle.flush()
                 os.fsync(handle.fileno())
-            log.info("created log signing key %s", path)
+            log.info("created %s %s", what, path)
     mode = stat.S_IMODE(path.stat().st_mode)
     if mode & 0o077:
-        log.warning("log signing key %s is readable by others (mode %o)", path, mode)
+        log.warning("%s %s is readable by others (mode %o)", what, path, mode)
+
+
+def load_or_create_signer(path: Path, name: str) -> NoteSigner:
+    """Load the key at ``path``; create it (mode 0600) on first start."""
+    path = Path(path)
+    create_key_file_once(
+        path, lambda: encode_signer_key(name, Ed25519PrivateKey.generate()) + "\n",
+        "log signing key")
     signer = decode_signer_key(path.read_text())
     if signer.name != name:
         raise ValueError(f"key {path} is for log {signer.name!r}, expected {name!r}")

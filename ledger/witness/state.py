@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
-import stat
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -37,6 +35,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ledger.checkpoint import Checkpoint
 from ledger.cosignature import COSIGNATURE_ALG, Cosigner
+from ledger.store.keys import create_key_file_once
 from ledger.store.sql import make_engine
 from ledger.witness_policy import WitnessedState
 
@@ -133,22 +132,9 @@ def decode_cosigner_key(text: str) -> Cosigner:
 def load_or_create_cosigner(path: Path, name: str) -> Cosigner:
     """Load the witness key at ``path``; create it (mode 0600) on first start."""
     path = Path(path)
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = encode_cosigner_key(name, Ed25519PrivateKey.generate()) + "\n"
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass  # another process created it first: use theirs
-        else:
-            with os.fdopen(fd, "w") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            log.info("created witness key %s", path)
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & 0o077:
-        log.warning("witness key %s is readable by others (mode %o)", path, mode)
+    create_key_file_once(
+        path, lambda: encode_cosigner_key(name, Ed25519PrivateKey.generate()) + "\n",
+        "witness key")
     cosigner = decode_cosigner_key(path.read_text())
     if cosigner.name != name:
         raise ValueError(f"key {path} belongs to witness {cosigner.name!r}, expected {name!r}")

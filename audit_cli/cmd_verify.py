@@ -19,7 +19,8 @@ from ledger.checkpoint import Checkpoint, NoteVerifier
 from ledger.client.sources import RecordNotFoundError, gather
 from ledger.cosignature import WitnessKey
 from ledger.error_map import EXIT_CHECK_FAILED, EXIT_OK
-from ledger.errors import InvalidInputError, LedgerError
+from ledger.errors import InvalidInputError
+from ledger.record import RECORD_SCHEMA
 from ledger.verify import (
     SELF_ANCHORED,
     Check,
@@ -122,6 +123,10 @@ def _policy(args: argparse.Namespace) -> TrustPolicy:
     names = [w.name for w in witnesses]
     if len(set(names)) != len(names):
         raise InvalidInputError("--witness", "the same witness name is given twice")
+    # A cosignature does not commit to the witness's name: one key pinned under two names
+    # would count one witness twice toward the quorum.
+    if len({w.public_key for w in witnesses}) != len(witnesses):
+        raise InvalidInputError("--witness", "the same witness key is given twice")
     quorum = args.witness_quorum
     if quorum is not None and not witnesses:
         raise InvalidInputError("--witness-quorum", "needs at least one --witness")
@@ -143,6 +148,9 @@ def _print_verdict(verdict: Verdict) -> None:
 def _replay_check(verdict: Verdict, args: argparse.Namespace, prompt: bytes | None) -> None:
     if not args.replay or verdict.record is None or verdict.failed:
         return
+    if verdict.record.get("schema") != RECORD_SCHEMA:
+        raise InvalidInputError("--replay", f"replay re-runs a generate call; this leaf is "
+                                f"a {verdict.record.get('schema')!r}")
     if prompt is None:
         raise InvalidInputError("--prompt-file", "--replay needs the prompt")
     try:
@@ -171,6 +179,7 @@ STATE_ATTEMPTS = 5
 
 def run(args: argparse.Namespace) -> int:
     verifier = pinned_verifier(args)
+    args.verifier_name = verifier.name  # the default origin (see _origin)
     policy = _policy(args)
     prompt = _read(args.prompt_file, args.prompt, "--prompt-file")
     output = _read(args.output_file, args.output, "--output-file")
@@ -236,12 +245,11 @@ class _State:
 
 
 def _origin(args: argparse.Namespace, checkpoint_note: bytes) -> str:
-    if args.origin:
-        return str(args.origin)
-    try:
-        return Checkpoint.peek(checkpoint_note).origin
-    except LedgerError:
-        return "(unreadable checkpoint)"  # check 3 will fail and say why
+    """The log's origin: ``--origin``, else the pinned key's name (the service names its
+    key after its log's origin). Never the checkpoint's own origin line: a log that could
+    pick its origin could pick an empty state file, and with it escape rollback and fork
+    detection (the checkpoint must then match this origin, or check 3 fails)."""
+    return str(args.origin) if args.origin else args.verifier_name
 
 
 def _fabric_reader(args: argparse.Namespace, origin: str) -> tuple[Any, Any]:

@@ -351,6 +351,11 @@ def _cosigners(note: bytes, witnesses: tuple[WitnessKey, ...]) -> dict[str, int]
 
 def _check_disclosure(verdict: Verdict, body: dict[str, Any], disclosure: Disclosure) -> None:
     data = body.get("data", {})
+    given = any(v is not None for v in (disclosure.prompt, disclosure.input_salt,
+                                        disclosure.output, disclosure.output_salt))
+    if given and "input_commitment" not in data and "output_commitment" not in data:
+        verdict.add(5, False, f"this leaf ({body.get('schema')}) holds no commitment to open")
+        return
     opened, failures, notes = [], [], []
     for label, text, salt, key in (
         ("prompt", disclosure.prompt, disclosure.input_salt, "input_commitment"),

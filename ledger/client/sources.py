@@ -6,16 +6,22 @@ A source only fetches; every decision is made by ``ledger.verify``.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ledger.checkpoint import Checkpoint
-from ledger.errors import BackendError, BackendUnavailableError, InvalidInputError
+from ledger.errors import (
+    BackendError,
+    BackendUnavailableError,
+    InvalidInputError,
+    LedgerError,
+)
 from ledger.verify import Evidence
 
 
@@ -58,19 +64,19 @@ def gather(source: EvidenceSource, record_id: str,
     """
     record = source.record(record_id)
     proof, note = source.inclusion(record)
-    size = Checkpoint.peek(note).size
     anchored = anchor_reader() if anchor_reader is not None else source.anchored()
     anchor_consistency: list[bytes] | None = []
-    if anchored is not None:
-        anchored_size = Checkpoint.peek(anchored[0]).size
-        low, high = sorted((anchored_size, size))
-        anchor_consistency = _proof(source, low, high)
     seen_consistency: list[bytes] | None = []
     if callable(seen_note):
         seen_note = seen_note(note)
-    if seen_note is not None:
-        seen_size = Checkpoint.peek(seen_note).size
-        if seen_size < size:
+    size = _size(note)
+    if size is not None:  # an unreadable checkpoint fails check 3 in ledger.verify
+        anchored_size = _size(anchored[0]) if anchored is not None else None
+        if anchored_size is not None:
+            low, high = sorted((anchored_size, size))
+            anchor_consistency = _proof(source, low, high)
+        seen_size = _size(seen_note) if seen_note is not None else None
+        if seen_size is not None and seen_size < size:
             seen_consistency = _proof(source, seen_size, size)
     return Evidence(
         record_id=record_id, canonical=record.canonical, leaf_index=record.leaf_index,
@@ -83,6 +89,14 @@ def gather(source: EvidenceSource, record_id: str,
     )
 
 
+def _size(note: bytes) -> int | None:
+    """The size a note claims (unverified: only to ask for the right proofs)."""
+    try:
+        return Checkpoint.peek(note).size
+    except LedgerError:
+        return None
+
+
 def _proof(source: EvidenceSource, low: int, high: int) -> list[bytes] | None:
     if low >= high:
         return []
@@ -92,6 +106,20 @@ def _proof(source: EvidenceSource, low: int, high: int) -> list[bytes] | None:
         raise
     except (BackendError, InvalidInputError):
         return None  # the source answered but could not prove it: check 4 will say so
+
+
+class MalformedAnswerError(BackendError):
+    """The source answered, but not with evidence (not JSON, a field missing or of the
+    wrong type): nothing can be checked (exit 3, like a source that cannot be reached)."""
+
+
+@contextlib.contextmanager
+def _fields(path: str) -> Iterator[None]:
+    try:
+        yield
+    except (KeyError, TypeError, ValueError) as exc:  # binascii.Error is a ValueError
+        raise MalformedAnswerError(f"{path}: the server's answer lacks a valid field "
+                                   f"({type(exc).__name__}: {exc})") from exc
 
 
 class ServerSource:
@@ -111,7 +139,13 @@ class ServerSource:
             "Authorization": f"Bearer {self.api_key}", "Accept": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return dict(json.loads(response.read()))
+                answer = json.loads(response.read())
+            if not isinstance(answer, dict):
+                raise ValueError("not a JSON object")
+            return answer
+        except ValueError as exc:  # JSON (and UTF-8) errors: the source gave no evidence
+            raise MalformedAnswerError(f"{path}: the server's answer is not evidence "
+                                       f"({exc})") from exc
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:300]
             if exc.code == 404:
@@ -127,23 +161,29 @@ class ServerSource:
         body = self.get(f"/v1/records/{quoted}")
         proof = self.get(f"/v1/records/{quoted}/proof")
         self._proofs[record_id] = proof
-        return RecordEvidence(record_id, base64.b64decode(body["canonical_base64"]),
-                              int(body["leaf_index"]), bytes.fromhex(proof["leaf_hash"]),
-                              body.get("anchor_ref"))
+        with _fields(f"/v1/records/{quoted}"):
+            return RecordEvidence(record_id,
+                                  base64.b64decode(body["canonical_base64"], validate=True),
+                                  int(body["leaf_index"]), bytes.fromhex(proof["leaf_hash"]),
+                                  body.get("anchor_ref"))
 
     def inclusion(self, record: RecordEvidence) -> tuple[list[bytes], bytes]:
         # The server answers a record's proof by record id; record() fetched it.
-        proof = self._proofs.get(record.record_id) or self.get(
-            f"/v1/records/{urllib.parse.quote(record.record_id, safe='')}/proof")
-        return [bytes.fromhex(h) for h in proof["inclusion_proof"]], proof["checkpoint"].encode()
+        path = f"/v1/records/{urllib.parse.quote(record.record_id, safe='')}/proof"
+        proof = self._proofs.get(record.record_id) or self.get(path)
+        with _fields(path):
+            return ([bytes.fromhex(h) for h in proof["inclusion_proof"]],
+                    str(proof["checkpoint"]).encode())
 
     def consistency(self, size1: int, size2: int) -> list[bytes]:
         body = self.get("/v1/checkpoints/consistency", **{"from": size1, "to": size2})
-        return [bytes.fromhex(h) for h in body["proof"]]
+        with _fields("/v1/checkpoints/consistency"):
+            return [bytes.fromhex(h) for h in body["proof"]]
 
     def anchored(self) -> tuple[bytes, str] | None:
         try:
             body = self.get("/v1/checkpoints/anchored")
         except RecordNotFoundError:
             return None
-        return body["checkpoint"].encode(), str(body["ref"])
+        with _fields("/v1/checkpoints/anchored"):
+            return str(body["checkpoint"]).encode(), str(body["ref"])

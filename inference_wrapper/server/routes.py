@@ -200,6 +200,14 @@ def receipt_json(answer: Answer) -> dict[str, Any]:
     return receipt
 
 
+def _refuse_idempotency_key_on_streams(request: web.Request) -> None:
+    # A replayed stream would need its chunks stored too; refuse rather than ignore the
+    # key and create a second pair of records on a retry.
+    if request.headers.get("Idempotency-Key") is not None:
+        raise invalid("Idempotency-Key", "is not supported with stream: true (send the "
+                      "request without streaming to make it idempotent)", status=400)
+
+
 def receipt_headers(answer: Answer) -> dict[str, str]:
     return {"X-Audit-Record-Id": answer.receipt.record_id,
             "X-Audit-Leaf-Index": str(answer.receipt.leaf_index)}
@@ -376,6 +384,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     params = _params(request, body, "max_tokens", GenerationParams(16, 1.0, 1.0))
     ask = _ask(body, "prompt", "user")
     if body.get("stream"):
+        _refuse_idempotency_key_on_streams(request)
         prepared = await prepare_audited(request, key, body["prompt"], params, started, ask)
         return await stream_answer(request, prepared, model, "text_completion")
 
@@ -412,6 +421,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                           "drop the system prompt; shorten the conversation",
                           code="context_length_exceeded")
     if body.get("stream"):
+        _refuse_idempotency_key_on_streams(request)
         prepared = await prepare_audited(request, key, prompt, params, started, ask)
         return await stream_answer(request, prepared, model, "chat.completion")
 

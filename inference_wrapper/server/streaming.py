@@ -107,7 +107,7 @@ async def stream_answer(request: web.Request, prepared: PreparedRequest, model: 
 def stream_receipt(answer: Answer, start_id: str, start_index: int) -> dict[str, Any]:
     """Both records' ids and leaf indexes, and the salts that open their commitments
     (the start record's input commitment uses the same input salt)."""
-    return {
+    receipt: dict[str, Any] = {
         "stream_start_record_id": start_id,
         "stream_start_leaf_index": start_index,
         "record_id": answer.receipt.record_id,
@@ -116,3 +116,6 @@ def stream_receipt(answer: Answer, start_id: str, start_index: int) -> dict[str,
         "input_salt": answer.output.input_salt.hex(),
         "output_salt": answer.output.output_salt.hex(),
     }
+    if answer.output.user_salt is not None:  # opens the record's user_commitment
+        receipt["user_salt"] = answer.output.user_salt.hex()
+    return receipt

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import and_, event, insert, or_, select, text, update
+from sqlalchemy import and_, delete, event, insert, or_, select, text, update
 
 from ledger.content_records import access_body, erasure_body
 from ledger.errors import InvalidInputError
 from ledger.record import AuditRecord, new_record_id, utc_timestamp
-from ledger.store.schema import legal_holds, retention_policies, vault_content
+from ledger.store.schema import legal_holds, receipts, retention_policies, vault_content
 from ledger.store.sql import make_engine
 from ledger.vault_crypto import (
     Content,
@@ -468,6 +468,12 @@ class ContentVault:
                 .values(wrapped_key=None, prompt_ct=None, output_ct=None, input_salt_ct=None,
                         output_salt_ct=None, erased_at=erased_at,
                         erasure_record_id=leaf.record_id))
+            # An Idempotency-Key replay would hand the erased output and salts back:
+            # the short-lived stored answers naming these records go too.
+            for record_id in record_ids:
+                conn.execute(delete(receipts).where(
+                    receipts.c.tenant == tenant,
+                    receipts.c.response.contains(record_id, autoescape=True)))
         return Erasure(tenant, sorted(record_ids), leaf.record_id, int(receipt.leaf_index),
                        erased_at)
 

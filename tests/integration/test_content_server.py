@@ -93,3 +93,19 @@ async def test_no_output_when_the_vault_cannot_keep_the_content(service: Any) ->
     assert "content vault could not keep its content" in problem["detail"]
     assert "vault_content" not in problem["detail"]  # no internal error text
     assert app[LEDGER].tree_head()[0] == size + 1  # the record itself is in the log
+
+
+async def test_erasure_also_forgets_the_stored_idempotent_answer(service: Any) -> None:
+    client, app, tokens = service
+    app[VAULT].set_policy("bank-a", "content", 183)
+    body = {"prompt": "secret prompt", "max_new_tokens": 2, "subject": "alice"}
+    headers = {**bearer(tokens["client"]), "Idempotency-Key": "erase-me"}
+    first = await (await client.post("/v1/generate", json=body, headers=headers)).json()
+    erased = await client.post("/v1/admin/erasures", json={"subject": "alice"},
+                               headers=bearer(tokens["admin"]))
+    assert erased.status == 200 and first["record_id"] in (await erased.json())["records"]
+    # The replay no longer hands back the erased answer and its salts: the key is free
+    # again, so the same request is a new generate with a new record and new salts.
+    again = await (await client.post("/v1/generate", json=body, headers=headers)).json()
+    assert again["record_id"] != first["record_id"]
+    assert again["input_salt"] != first["input_salt"]

@@ -36,11 +36,12 @@ class LiveService:
 
 
 def start_service(home: Path, model_dir: Path, *extra: str, module: str = "audit_cli.main",
-                  env: dict[str, str] | None = None) -> LiveService:
+                  env: dict[str, str] | None = None, drain: bool = True) -> LiveService:
     """Serve on a free port with a SQLite ledger under ``home``; wait until ready.
 
-    After the start line the output pipe is never read again (as by a stalled log
-    collector); ``module`` runs the CLI through a wrapper, ``env`` adds variables.
+    After the start line the output is drained by a thread, unless ``drain`` is False:
+    then the pipe is never read again (as by a stalled log collector). ``module`` runs the
+    CLI through a wrapper, ``env`` adds variables.
     """
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -63,8 +64,9 @@ def start_service(home: Path, model_dir: Path, *extra: str, module: str = "audit
         if line.startswith("serving"):
             break
     service.client_token = token
-    threading.Thread(target=service.output.extend, args=(process.stdout,), daemon=True,
-                     name="drain-service-output").start()
+    if drain:
+        threading.Thread(target=service.output.extend, args=(process.stdout,), daemon=True,
+                         name="drain-service-output").start()
     deadline = time.monotonic() + READY_TIMEOUT_S
     while True:
         try:

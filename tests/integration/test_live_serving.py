@@ -22,7 +22,7 @@ async def test_a_stdout_nobody_reads_does_not_stall_requests(
     # pipe fills after a few hundred request log lines, and from then on lines are
     # dropped instead of blocking the event loop.
     service = start_service(tmp_path, tiny_model_dir,
-                            env={"AUDIT_LEDGER_LOG_QUEUE_CAPACITY": "50"})
+                            env={"AUDIT_LEDGER_LOG_QUEUE_CAPACITY": "50"}, drain=False)
     headers = {"Authorization": f"Bearer {service.client_token}"}
     try:
         timeout = aiohttp.ClientTimeout(total=300)

@@ -144,14 +144,14 @@ class SloTracker(Collector):
                                    self.anchor_samples, self.anchor_over))
 
     def _baseline(self, window_s: float) -> tuple[float, dict[str, Buckets], int, int] | None:
-        """The newest snapshot at least ``window_s`` old, else the oldest there is."""
+        """The newest snapshot at least ``window_s`` old; None while the process is younger
+        than the window (the window then counts from zero: everything since start)."""
         cutoff = time.monotonic() - window_s
         chosen = None
         for snapshot in self.snapshots:
-            if snapshot[0] <= cutoff or chosen is None:
-                chosen = snapshot
             if snapshot[0] > cutoff:
                 break
+            chosen = snapshot
         return chosen
 
     def collect(self) -> Iterator[GaugeMetricFamily]:

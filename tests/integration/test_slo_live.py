@@ -127,3 +127,26 @@ async def test_readiness_history_survives_restarts_and_a_crash_gap_burns_budget(
     values = await scrape(client)
     assert 60.0 <= values("audit_slo_longest_outage_seconds") < 120.0
     await client.close()
+
+
+def test_readiness_spans_on_both_backends(ledger_url: str) -> None:
+    """One row per state, its end pushed forward per sample; the clean stop is kept."""
+    from inference_wrapper.server.slo import ReadinessHistory, spans_between
+    from ledger import slo
+    from ledger.store.sql import SqlLedger
+
+    t0 = datetime(2026, 11, 30, 9, 0, 0)
+    with SqlLedger(ledger_url) as ledger:
+        kept = ReadinessHistory(ledger.engine, "r1")
+        for seconds, ready in ((0, True), (10, True), (20, False), (50, False), (60, True)):
+            kept.observe(ready, t0 + timedelta(seconds=seconds))
+        kept.close(t0 + timedelta(seconds=70))
+        spans = spans_between(ledger.engine, t0, t0 + timedelta(seconds=100))
+        assert [(s.ready, (s.start - t0).seconds, (s.end - t0).seconds, s.clean_stop)
+                for s in spans] == [(True, 0, 20, False), (False, 20, 60, False),
+                                    (True, 60, 70, True)]
+        result = slo.availability(spans, t0, t0 + timedelta(seconds=100))
+        assert (result.downtime_s, result.longest_outage_s) == (40.0, 40.0)
+        reloaded = ReadinessHistory(ledger.engine, "r2")
+        reloaded.load(t0)
+        assert reloaded.spans == spans

@@ -35,6 +35,8 @@ log = logging.getLogger("audit_ledger.slo")
 WINDOWS = (("5m", 300.0), ("1h", 3600.0))
 # The availability history the replica keeps in memory (older spans stay in the table).
 MEMORY_S = 3600.0
+# How often other replicas' spans are re-read (one indexed query).
+OTHERS_REFRESH_S = 30.0
 SLO_TRACKER: web.AppKey[SloTracker] = web.AppKey("slo_tracker")
 
 Buckets = list[tuple[float, float]]
@@ -72,6 +74,18 @@ class ReadinessHistory:
                                 .order_by(readiness_history.c.started_at)).all()
         self.spans = [slo.ReadinessSpan(r.replica, bool(r.ready), r.started_at, r.ended_at,
                                         bool(r.clean_stop)) for r in rows]
+
+    def refresh_others(self, since: datetime) -> None:
+        """Other replicas' spans from the table: the service is up while any is ready."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(readiness_history)
+                                .where(readiness_history.c.ended_at >= since,
+                                       readiness_history.c.replica != self.replica)
+                                .order_by(readiness_history.c.started_at)).all()
+        others = [slo.ReadinessSpan(r.replica, bool(r.ready), r.started_at, r.ended_at,
+                                    bool(r.clean_stop)) for r in rows]
+        # List replaced whole, own spans kept in order at the end (observe edits [-1]).
+        self.spans = others + [s for s in self.spans if s.replica == self.replica]
 
     def observe(self, ready: bool, at: datetime) -> None:
         current = self.spans[-1] if self._row_id is not None and self.spans else None
@@ -132,10 +146,14 @@ class SloTracker(Collector):
         # (monotonic time, latency buckets per route, anchor samples, anchor samples over)
         self.snapshots: deque[tuple[float, dict[str, Buckets], int, int]] = deque(maxlen=keep)
         self.anchor_samples = self.anchor_over = 0
+        self.refreshed = time.monotonic()  # load() has just read every replica's spans
         self.lock = threading.Lock()
 
     def sample(self, ready: bool, anchor_lag_s: float) -> None:
         at = _now()
+        if time.monotonic() - self.refreshed >= OTHERS_REFRESH_S:
+            self.history.refresh_others(at - timedelta(seconds=MEMORY_S))
+            self.refreshed = time.monotonic()
         self.history.observe(ready, at)
         with self.lock:
             self.anchor_samples += 1

@@ -150,3 +150,24 @@ def test_readiness_spans_on_both_backends(ledger_url: str) -> None:
         reloaded = ReadinessHistory(ledger.engine, "r2")
         reloaded.load(t0)
         assert reloaded.spans == spans
+
+
+def test_other_replicas_spans_are_read_back(ledger_url: str) -> None:
+    """While r1 is not ready, r2 (another process) is: the service was up."""
+    from inference_wrapper.server.slo import ReadinessHistory
+    from ledger import slo
+    from ledger.store.sql import SqlLedger
+
+    t0 = datetime(2026, 11, 30, 9, 0, 0)
+    with SqlLedger(ledger_url) as ledger:
+        r1, r2 = ReadinessHistory(ledger.engine, "r1"), ReadinessHistory(ledger.engine, "r2")
+        r1.observe(False, t0)
+        r2.observe(True, t0)
+        r2.observe(True, t0 + timedelta(seconds=30))
+        r1.observe(False, t0 + timedelta(seconds=60))
+        assert slo.availability(r1.spans, t0, t0 + timedelta(seconds=60)).downtime_s == 60.0
+        r1.refresh_others(t0)
+        assert [s.replica for s in r1.spans] == ["r2", "r1"]
+        r1.observe(False, t0 + timedelta(seconds=61))  # its own open span is still the last
+        result = slo.availability(r1.spans, t0, t0 + timedelta(seconds=61))
+        assert (result.downtime_s, result.longest_outage_s) == (31.0, 31.0)

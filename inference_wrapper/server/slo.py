@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -27,7 +28,9 @@ from sqlalchemy.engine import Engine
 
 from inference_wrapper.server.appkeys import ANCHOR_WORKER, INTEGRATOR, LEDGER, METRICS, SETTINGS
 from inference_wrapper.server.metrics import Metrics
+from inference_wrapper.server.settings import Settings
 from ledger import slo
+from ledger.errors import InvalidInputError
 from ledger.store.schema import readiness_history
 
 log = logging.getLogger("audit_ledger.slo")
@@ -222,6 +225,23 @@ class SloTracker(Collector):
                                 "replica was ready in the last hour", value=hour.longest_outage_s)
 
 
+def check_settings(settings: Settings) -> dict[str, slo.LatencyTarget]:
+    """Refuse SLO settings that would make a budget zero or a target meaningless, naming
+    the setting; returns the latency targets."""
+    targets = slo.parse_latency_targets(settings.slo_latency)
+    bounds = {
+        "AUDIT_LEDGER_SLO_DOWNTIME_MIN_PER_MONTH": (settings.slo_downtime_min_per_month,
+                                                    slo.MONTH_S / 60.0),
+        "AUDIT_LEDGER_SLO_MAX_OUTAGE_S": (settings.slo_max_outage_s, math.inf),
+        "AUDIT_LEDGER_SLO_ANCHOR_LAG_BUDGET": (settings.slo_anchor_lag_budget, 1.0),
+        "AUDIT_LEDGER_SLO_SAMPLE_INTERVAL_S": (settings.slo_sample_interval_s, 3600.0),
+    }
+    for name, (value, upper) in bounds.items():
+        if not 0 < value <= upper:
+            raise InvalidInputError(name, f"must be above 0 and at most {upper:g}")
+    return targets
+
+
 async def slo_context(app: web.Application) -> AsyncIterator[None]:
     """Start the sampler after every worker exists; record a clean stop on the way out."""
     from inference_wrapper.server.routes import readiness_checks
@@ -230,7 +250,7 @@ async def slo_context(app: web.Application) -> AsyncIterator[None]:
     history = ReadinessHistory(app[LEDGER].engine, app[INTEGRATOR].replica_id)
     await asyncio.to_thread(history.load, _now() - timedelta(seconds=MEMORY_S))
     tracker = SloTracker(app[METRICS], history,
-                         targets=slo.parse_latency_targets(settings.slo_latency),
+                         targets=check_settings(settings),
                          downtime_min_per_month=settings.slo_downtime_min_per_month,
                          max_outage_s=settings.slo_max_outage_s,
                          anchor_lag_s=settings.anchor_lag_slo_s,

@@ -6,15 +6,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, insert, select
 
 from inference_wrapper.server.app import KEYS, create_app
 from inference_wrapper.server.settings import Settings
+from ledger.errors import InvalidInputError
 from ledger.store.migrate import upgrade
 from ledger.store.schema import readiness_history
 
@@ -171,3 +174,17 @@ def test_other_replicas_spans_are_read_back(ledger_url: str) -> None:
         r1.observe(False, t0 + timedelta(seconds=61))  # its own open span is still the last
         result = slo.availability(r1.spans, t0, t0 + timedelta(seconds=61))
         assert (result.downtime_s, result.longest_outage_s) == (31.0, 31.0)
+
+
+def test_bad_slo_settings_are_refused_naming_the_setting(tmp_path: Path,
+                                                         tiny_generator: Any) -> None:
+    base = settings_for(tmp_path)
+    for override, name in ((dict(slo_latency="/v1/generate=fast"), "AUDIT_LEDGER_SLO_LATENCY"),
+                           (dict(slo_downtime_min_per_month=0.0),
+                            "AUDIT_LEDGER_SLO_DOWNTIME_MIN_PER_MONTH"),
+                           (dict(slo_anchor_lag_budget=1.5),
+                            "AUDIT_LEDGER_SLO_ANCHOR_LAG_BUDGET")):
+        with pytest.raises(InvalidInputError) as caught:
+            create_app(replace(base, **override), tiny_generator)
+        assert caught.value.field == name
+    assert not (tmp_path / "ledger.db").exists()  # refused before anything was created

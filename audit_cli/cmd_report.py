@@ -64,6 +64,7 @@ class SloSummary:
     max_outage_s: float
     anchor_lag_target_s: float
     anchor_lags_s: list[float]
+    ready_steps: list[tuple[datetime, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -189,7 +190,8 @@ def gather_slo(ledger: Any, data: ReportData) -> SloSummary:
     return SloSummary(
         p99, jitter, data.service_ms, measured,
         settings.slo_downtime_min_per_month * measured.observed_s / slo.MONTH_S,
-        settings.slo_max_outage_s, settings.anchor_lag_slo_s, lags)
+        settings.slo_max_outage_s, settings.anchor_lag_slo_s, lags,
+        slo.ready_steps(spans, data.since, until) if spans else [])
 
 
 # --- HTML ------------------------------------------------------------------------------
@@ -253,6 +255,7 @@ def _verdict(ok: bool | None) -> str:
 
 
 def _slo_section(summary: SloSummary | None) -> str:
+    from inference_wrapper.server.console_plots import line_chart_svg
     from ledger import slo
 
     if summary is None:
@@ -287,7 +290,9 @@ def _slo_section(summary: SloSummary | None) -> str:
             "route, so the tightest route target applies); availability is the service's "
             "readiness history (time no replica was ready, clean shutdowns excepted).</p>"
             + _table(("SLO", "target", "measured", "verdict"), rows, "")
-            .replace("<table>", '<table id="slo-table">', 1))
+            .replace("<table>", '<table id="slo-table">', 1)
+            + line_chart_svg({"replicas ready": summary.ready_steps},
+                             title="replicas ready (readiness history)", unit=""))
 
 
 def render(data: ReportData) -> str:

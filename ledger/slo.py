@@ -173,6 +173,29 @@ def availability(spans: Sequence[ReadinessSpan], since: datetime,
                         max(lengths, default=0.0), len(lengths))
 
 
+def ready_steps(spans: Sequence[ReadinessSpan], since: datetime,
+                until: datetime) -> list[tuple[datetime, float]]:
+    """Replicas ready over time, as a step line: two points at each change (the count
+    before and after), clipped to ``[since, until]``."""
+    changes = sorted({t for s in spans for t in (s.start, s.end) if since <= t <= until}
+                     | {since, until})
+
+    def ready_at(moment: datetime) -> float:
+        return float(sum(1 for s in spans if s.ready and s.start <= moment < s.end))
+
+    steps: list[tuple[datetime, float]] = []
+    for moment in changes:
+        if moment == until:  # the line holds its last value to the end of the range
+            steps.append((until, steps[-1][1] if steps else 0.0))
+            break
+        now = ready_at(moment)
+        if steps and steps[-1][1] != now:
+            steps.append((moment, steps[-1][1]))
+        if not steps or steps[-1][1] != now:
+            steps.append((moment, now))
+    return steps
+
+
 def window_start(now: datetime, window_s: float) -> datetime:
     return now - timedelta(seconds=window_s)
 

@@ -127,3 +127,12 @@ def test_report_leaf_round_trips_and_rejects_a_bad_digest() -> None:
     with pytest.raises(CanonicalFormError) as caught:
         AuditRecord.from_body({**body, "extra": 1})
     assert caught.value.field == "record"
+
+
+def test_ready_steps_draw_the_count_of_ready_replicas() -> None:
+    spans = [span(0, 100), span(100, 160, ready=False), span(160, 300),
+             span(120, 140, replica="b")]
+    assert slo.ready_steps(spans, at(0), at(300)) == [
+        (at(0), 1.0), (at(100), 1.0), (at(100), 0.0), (at(120), 0.0), (at(120), 1.0),
+        (at(140), 1.0), (at(140), 0.0), (at(160), 0.0), (at(160), 1.0), (at(300), 1.0)]
+    assert slo.ready_steps([], at(0), at(10)) == [(at(0), 0.0), (at(10), 0.0)]

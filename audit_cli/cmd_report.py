@@ -87,6 +87,7 @@ class ReportData:
     points: list[Any] = field(default_factory=list)  # console_plots.Point
     slo: SloSummary | None = None
     service_ms: list[float] = field(default_factory=list)  # each record's phases summed
+    other_leaves: Counter[str] = field(default_factory=Counter)  # by schema
 
     @property
     def ok(self) -> bool:
@@ -152,9 +153,13 @@ def gather(args: argparse.Namespace) -> ReportData:
                                         tenant=args.tenant)
             for r in page:
                 body = json.loads(r.canonical)
+                if body.get("schema") != RECORD_SCHEMA:
+                    # Access, erasure, stream-start and report leaves have no inference
+                    # fingerprints: counted apart, or they would read as fingerprint changes.
+                    data.other_leaves[str(body.get("schema"))] += 1
+                    continue
                 data.points.append(Point.from_record(r.created_at, r.columns, body))
-                if body.get("schema") == RECORD_SCHEMA:  # other leaves time nothing
-                    data.service_ms.append(sum(data.points[-1].timings_ms.values()))
+                data.service_ms.append(sum(data.points[-1].timings_ms.values()))
                 model = f"{r.columns.get('model_name')} ({r.columns.get('model_digest')})"
                 data.counts["model"][model] += 1
                 data.counts["tenant"][r.tenant] += 1
@@ -248,6 +253,13 @@ def _counts(counts: Mapping[str, Counter[str]]) -> str:
         f"<h3>per {escape(label)}</h3>"
         + _table((label, "records"), counts[name].most_common(), "no records")
         for name, label in COUNTED)
+
+
+def _other_leaves(counts: Counter[str]) -> str:
+    if not counts:
+        return ""
+    return ("<p>Other leaves in scope (not inference records, not counted above):</p>"
+            + _table(("kind", "leaves"), sorted(counts.items()), ""))
 
 
 def _verdict(ok: bool | None) -> str:
@@ -363,6 +375,7 @@ and every typed column recomputed from the record bytes.</p>
 <h2>Anchors in range</h2>{anchors}
 <h2>Records</h2>
 <p id="record-count">{len(data.points)} records in scope.</p>
+{_other_leaves(data.other_leaves)}
 {_counts(data.counts)}
 <h2>SLO compliance</h2>
 {_slo_section(data.slo)}

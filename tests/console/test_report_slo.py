@@ -131,3 +131,23 @@ def test_no_log_leaves_the_log_unchanged(ledger_db: tuple[str, NoteSigner],
     assert not (tmp_path / "pack" / "report.record.json").exists()
     with SqlLedger(url) as ledger:
         assert ledger.tree_head()[0] == 7
+
+
+def test_an_earlier_reports_leaf_is_counted_apart_not_as_a_record(
+        ledger_db: tuple[str, NoteSigner], tmp_path: Path) -> None:
+    url, signer = ledger_db
+    key = signer.verifier().encode()
+    everything = ["--from", "2026-11-30T09:00:00", "--to", "2100-01-01"]
+    assert main(["report", "--db", url, "--log-key", key, "--out", str(tmp_path / "first"),
+                 *everything]) == 0
+    with SqlLedger(url) as ledger:  # the first report's leaf, sealed
+        sealed = ledger.seal_checkpoint(signer, ORIGIN)
+        assert sealed is not None
+        LocalAnchor(ledger, signer.verifier(), ORIGIN).anchor(sealed.note)
+    assert main(["report", "--db", url, "--log-key", key, "--out", str(tmp_path / "second"),
+                 *everything]) == 0
+    html = (tmp_path / "second" / "report.html").read_text()
+    assert '<p id="record-count">7 records in scope.</p>' in html
+    assert f"<td>{REPORT_SCHEMA}</td><td>1</td>" in html
+    assert "unknown" not in html  # no fingerprint "changed" to a leaf without one
+    assert "<td>_reports</td>" not in html

@@ -5,8 +5,14 @@ anchors of the range (each checkpoint's signature checked under the pinned key),
 completeness result of ``audit`` for the range, counts per model, tenant and accelerator,
 records per minute and the fingerprint-change timeline. ``report.html.sha256`` beside it
 names the report's digest, and ``bundle.json`` is the evidence bundle of the same scope
-(``audit-ledger verify --bundle``). Exit 0 when the audit is complete and every checkpoint in range
-verifies, 1 otherwise (the report is written either way and says what failed).
+(``audit-ledger verify --bundle``). The report holds an SLO compliance section (targets
+from the same ``AUDIT_LEDGER_SLO_*`` settings as the service, measured from the records'
+own timings and the readiness history of the range). Last, the report's digest is
+appended to the log as a ``report-record/v1`` leaf; its id is printed and written to
+``report.record.json``, and once the service has sealed it, ``audit-ledger verify <id>
+--db ...`` proves the report existed unchanged. Exit 0 when the audit is complete and
+every checkpoint in range verifies, 1 otherwise (the report is written either way and
+says what failed).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from audit_cli.evidence import add_key_option, pinned_verifier
 from audit_cli.filters import parse_time
 from audit_cli.options import print_json
 from ledger.errors import BackendError, InvalidInputError, LedgerError
+from ledger.record import RECORD_SCHEMA
 
 COUNTED = (("model", "model"), ("tenant", "tenant"), ("accelerator", "accelerator"))
 
@@ -38,7 +45,26 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="folder to write the pack to")
     parser.add_argument("--pdf", action="store_true",
                         help="also print report.pdf with the Chromium on PATH")
+    parser.add_argument("--made-by", help="who makes the report, as the log will name "
+                        "them (default local:<user>)")
+    parser.add_argument("--no-log", action="store_true",
+                        help="do not append the report's digest to the log (read-only use)")
     add_key_option(parser)
+
+
+@dataclass
+class SloSummary:
+    """Targets against what the range shows (README "SLOs")."""
+
+    p99_target_s: float
+    jitter_target_s: float
+    service_ms: list[float]
+    availability: Any  # ledger.slo.Availability
+    downtime_budget_min: float
+    max_outage_s: float
+    anchor_lag_target_s: float
+    anchor_lags_s: list[float]
+    ready_steps: list[tuple[datetime, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -59,6 +85,9 @@ class ReportData:
     anchors: list[tuple[int, str, str, datetime]] = field(default_factory=list)
     counts: dict[str, Counter[str]] = field(default_factory=dict)
     points: list[Any] = field(default_factory=list)  # console_plots.Point
+    slo: SloSummary | None = None
+    service_ms: list[float] = field(default_factory=list)  # each record's phases summed
+    other_leaves: Counter[str] = field(default_factory=Counter)  # by schema
 
     @property
     def ok(self) -> bool:
@@ -123,8 +152,14 @@ def gather(args: argparse.Namespace) -> ReportData:
             page, cursor = ledger.query(since=since, until=until, limit=5000, cursor=cursor,
                                         tenant=args.tenant)
             for r in page:
-                data.points.append(Point.from_record(r.created_at, r.columns,
-                                                     json.loads(r.canonical)))
+                body = json.loads(r.canonical)
+                if body.get("schema") != RECORD_SCHEMA:
+                    # Access, erasure, stream-start and report leaves have no inference
+                    # fingerprints: counted apart, or they would read as fingerprint changes.
+                    data.other_leaves[str(body.get("schema"))] += 1
+                    continue
+                data.points.append(Point.from_record(r.created_at, r.columns, body))
+                data.service_ms.append(sum(data.points[-1].timings_ms.values()))
                 model = f"{r.columns.get('model_name')} ({r.columns.get('model_digest')})"
                 data.counts["model"][model] += 1
                 data.counts["tenant"][r.tenant] += 1
@@ -132,7 +167,36 @@ def gather(args: argparse.Namespace) -> ReportData:
                                                or r.columns.get("accelerator"))] += 1
             if cursor is None:
                 break
+        data.slo = gather_slo(ledger, data)
     return data
+
+
+def gather_slo(ledger: Any, data: ReportData) -> SloSummary:
+    """SLO targets from the service's settings; measured values from the range itself.
+
+    Records do not name their route, so every record's service time (the sum of its
+    phase timings) is held to the tightest latency target configured for any route.
+    """
+    from inference_wrapper.server.settings import Settings
+    from inference_wrapper.server.slo import spans_between
+    from ledger import slo
+
+    settings = Settings.from_env()
+    targets = slo.parse_latency_targets(settings.slo_latency)
+    p99 = min((t.p99_s for t in targets.values()), default=float("inf"))
+    jitter = min((t.jitter_s for t in targets.values()), default=float("inf"))
+    # The future is not downtime: measure up to now at most.
+    until = min(data.until, data.generated_at)
+    spans = spans_between(ledger.engine, data.since, until)
+    measured = slo.availability(spans, data.since, until)
+    sealed = {size: at for size, _, at, _ in data.checkpoints}
+    lags = [max(0.0, (anchored - sealed[size]).total_seconds())
+            for size, _, _, anchored in data.anchors if size in sealed]
+    return SloSummary(
+        p99, jitter, data.service_ms, measured,
+        settings.slo_downtime_min_per_month * measured.observed_s / slo.MONTH_S,
+        settings.slo_max_outage_s, settings.anchor_lag_slo_s, lags,
+        slo.ready_steps(spans, data.since, until) if spans else [])
 
 
 # --- HTML ------------------------------------------------------------------------------
@@ -189,6 +253,58 @@ def _counts(counts: Mapping[str, Counter[str]]) -> str:
         f"<h3>per {escape(label)}</h3>"
         + _table((label, "records"), counts[name].most_common(), "no records")
         for name, label in COUNTED)
+
+
+def _other_leaves(counts: Counter[str]) -> str:
+    if not counts:
+        return ""
+    return ("<p>Other leaves in scope (not inference records, not counted above):</p>"
+            + _table(("kind", "leaves"), sorted(counts.items()), ""))
+
+
+def _verdict(ok: bool | None) -> str:
+    return "no data" if ok is None else ("met" if ok else "MISSED")
+
+
+def _slo_section(summary: SloSummary | None) -> str:
+    from inference_wrapper.server.console_plots import line_chart_svg
+    from ledger import slo
+
+    if summary is None:
+        return "<p>No SLO data.</p>"
+    p50 = slo.exact_quantile(summary.service_ms, 0.5)
+    p99 = slo.exact_quantile(summary.service_ms, 0.99)
+    have = bool(summary.service_ms)
+    spread = p99 - p50
+    avail = summary.availability
+    observed = avail.observed_s > 0
+    lag_max = max(summary.anchor_lags_s, default=None)
+    rows = [
+        ("latency p99 (records' service time)", f"{summary.p99_target_s * 1000:g} ms",
+         f"{p99:.3f} ms" if have else "-",
+         _verdict(p99 <= summary.p99_target_s * 1000 if have else None)),
+        ("jitter p99 - p50", f"{summary.jitter_target_s * 1000:g} ms",
+         f"{spread:.3f} ms" if have else "-",
+         _verdict(spread <= summary.jitter_target_s * 1000 if have else None)),
+        ("unplanned downtime (target prorated to the range observed)",
+         f"{summary.downtime_budget_min:.3f} min",
+         f"{avail.downtime_min:.3f} min in {avail.outages} outage(s)" if observed else "-",
+         _verdict(avail.downtime_min <= summary.downtime_budget_min if observed else None)),
+        ("longest single outage", f"{summary.max_outage_s:g} s",
+         f"{avail.longest_outage_s:.1f} s" if observed else "-",
+         _verdict(avail.longest_outage_s <= summary.max_outage_s if observed else None)),
+        ("anchoring lag (seal to anchor, worst)", f"{summary.anchor_lag_target_s:g} s",
+         f"{lag_max:.1f} s" if lag_max is not None else "-",
+         _verdict(lag_max <= summary.anchor_lag_target_s if lag_max is not None else None)),
+    ]
+    return ('<p>Targets are the service\'s <code>AUDIT_LEDGER_SLO_*</code> settings. '
+            "Latency is each record's own phase timings summed (records do not name their "
+            "route, so the tightest route target applies); availability is the service's "
+            "readiness history (time no replica was ready, clean shutdowns excepted).</p>"
+            + _table(("SLO", "target", "measured", "verdict"), rows, "")
+            .replace("<table>", '<table id="slo-table">', 1)
+            + line_chart_svg({"replicas ready": summary.ready_steps},
+                             title="replicas ready (readiness history)", unit=""))
 
 
 def render(data: ReportData) -> str:
@@ -259,7 +375,10 @@ and every typed column recomputed from the record bytes.</p>
 <h2>Anchors in range</h2>{anchors}
 <h2>Records</h2>
 <p id="record-count">{len(data.points)} records in scope.</p>
+{_other_leaves(data.other_leaves)}
 {_counts(data.counts)}
+<h2>SLO compliance</h2>
+{_slo_section(data.slo)}
 <h2>Records per minute</h2>
 {bar_chart_svg(per_minute(data.points), title="records (requests) per minute")}
 <h2>Latency per phase (from the records' timings)</h2>
@@ -303,6 +422,32 @@ def print_pdf(html: Path, pdf: Path) -> None:
                            f"{': ' + tail[0] if tail else ''})")
 
 
+def _rfc3339(moment: datetime) -> str:
+    from ledger.record import utc_timestamp
+
+    return utc_timestamp(moment.replace(tzinfo=UTC))
+
+
+def log_report(args: argparse.Namespace, data: ReportData, digest: str) -> dict[str, Any]:
+    """Append the report's digest as a ``report-record/v1`` leaf, through the normal
+    ledger append; write its id beside the digest. The service's integrator seals it."""
+    from audit_cli.cmd_retention import operator_name
+    from ledger.record import AuditRecord, new_record_id, utc_timestamp
+    from ledger.report_record import report_body
+    from ledger.store.sql import SqlLedger
+
+    record = AuditRecord.from_body(report_body(
+        leaf_id=new_record_id(), created_at=utc_timestamp(), digest=digest,
+        since=_rfc3339(data.since), until=_rfc3339(data.until), scope_tenant=data.tenant,
+        made_by=args.made_by or operator_name()))
+    with SqlLedger(args.db) as ledger:
+        receipt = ledger.append(record)
+    logged = {"record_id": receipt.record_id, "leaf_index": receipt.leaf_index,
+              "digest": digest, "leaf_hash": receipt.leaf_hash.hex()}
+    (args.out / "report.record.json").write_text(json.dumps(logged, indent=2) + "\n")
+    return logged
+
+
 def run(args: argparse.Namespace) -> int:
     if args.pdf:  # before the work: fail fast when there is no printer
         import shutil
@@ -325,16 +470,22 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "bundle.json").write_text(bundle.dumps())
     if args.pdf:
         print_pdf(report, args.out / "report.pdf")
+    logged = None if args.no_log else log_report(args, data, digest)
     failed = [size for size, _, _, problem in data.checkpoints if problem]
     if args.json:
         print_json({"report": str(report), "digest": digest, "complete": data.audit.ok,
                     "bundle": str(args.out / "bundle.json"), "bundled": len(bundle.entries),
                     "records": len(data.points), "checkpoints": len(data.checkpoints),
-                    "checkpoints_failing": failed, "anchors": len(data.anchors)})
+                    "checkpoints_failing": failed, "anchors": len(data.anchors),
+                    "report_record": logged})
     else:
         print(f"wrote {report} ({digest}) and {args.out / 'bundle.json'} "
               f"({len(bundle.entries)} records)")
         print(f"{'COMPLETE' if data.audit.ok else 'NOT COMPLETE'}: {len(data.points)} records "
               f"in scope, {len(data.checkpoints)} checkpoints ({len(failed)} failing), "
               f"{len(data.anchors)} anchors in range")
+        if logged is not None:
+            print(f"report record {logged['record_id']} (leaf {logged['leaf_index']}) "
+                  f"appended; verify it once sealed: audit-ledger verify "
+                  f"{logged['record_id']} --db ...")
     return 0 if data.ok else 1

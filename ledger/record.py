@@ -18,6 +18,7 @@ from typing import Any
 from ledger import content_records, merkle
 from ledger.canonical import Canonical, canonical_bytes, canonical_object, parse_canonical
 from ledger.errors import CanonicalFormError
+from ledger.report_record import REPORT_SCHEMA, validate_report
 from ledger.stream_record import STREAM_START_SCHEMA, validate_stream_start
 
 RECORD_SCHEMA = "audit-record/v1"
@@ -134,6 +135,7 @@ LEAF_KINDS: dict[str, Callable[[Mapping[str, Any]], None]] = {
     content_records.ACCESS_SCHEMA: content_records.validate_access,
     content_records.ERASURE_SCHEMA: content_records.validate_erasure,
     STREAM_START_SCHEMA: validate_stream_start,
+    REPORT_SCHEMA: validate_report,
 }
 
 

@@ -48,6 +48,7 @@ from inference_wrapper.server.problems import Problem, internal_error, problem_f
 from inference_wrapper.server.replica import last_seal
 from inference_wrapper.server.routes import OPENAI_PATHS, ROUTES, UNGATED_PATHS
 from inference_wrapper.server.settings import Settings
+from inference_wrapper.server.slo import check_settings, slo_context
 from inference_wrapper.server.supervisor import Lifecycle, Supervisor
 from inference_wrapper.server.tracing import PhaseTracer
 from inference_wrapper.server.witnessing import witness_context
@@ -310,6 +311,7 @@ async def supervisor_context(app: web.Application) -> AsyncIterator[None]:
 def create_app(settings: Settings, generator: AuditedGenerator, *,
                on_fatal: Callable[[str], None] | None = None) -> web.Application:
     """``on_fatal(worker)`` runs once if a worker dies (the CLI stops the process)."""
+    check_settings(settings)  # a bad SLO setting is refused before anything starts
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[request_context])
     app[SETTINGS] = settings
@@ -321,7 +323,7 @@ def create_app(settings: Settings, generator: AuditedGenerator, *,
     app.on_shutdown.append(mark_shutting_down)
     app.cleanup_ctx.extend([ledger_context, vault_context, receipts_context, integrator_context,
                             anchor_context, witness_context, batcher_context,
-                            supervisor_context])
+                            supervisor_context, slo_context])
     app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])
     from inference_wrapper.server.console import setup_console
     setup_console(app)  # the auditor's console at /console

@@ -634,20 +634,26 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-async def readyz(request: web.Request) -> web.Response:
-    checks = {"model_loaded": request.app[GENERATOR].loaded.model is not None}
-    status = request.app[ANCHOR_WORKER].current()
+async def readiness_checks(app: web.Application) -> dict[str, bool]:
+    """The named readiness checks (/readyz, and the SLO sampler's availability history)."""
+    checks = {"model_loaded": app[GENERATOR].loaded.model is not None}
+    status = app[ANCHOR_WORKER].current()
     checks["anchoring_within_slo"] = (not status.slo_breached
-                                      or request.app[ANCHOR_WORKER].policy == "keep-serving")
+                                      or app[ANCHOR_WORKER].policy == "keep-serving")
     try:
-        await asyncio.to_thread(request.app[LEDGER].tree_head)
+        await asyncio.to_thread(app[LEDGER].tree_head)
         checks["ledger_reachable"] = True
     except Exception:  # any failure to read the tree head means not ready
         checks["ledger_reachable"] = False
     # A misconfigured anchor (unknown channel or chaincode) is named here, not only logged.
+    checks["anchor_configured"] = app[ANCHOR_WORKER].config_error is None
+    checks.update(app[SUPERVISOR].status())
+    return checks
+
+
+async def readyz(request: web.Request) -> web.Response:
+    checks = await readiness_checks(request.app)
     anchor_error = request.app[ANCHOR_WORKER].config_error
-    checks["anchor_configured"] = anchor_error is None
-    checks.update(request.app[SUPERVISOR].status())
     ready = all(checks.values())
     body: dict[str, Any] = {"ready": ready, "checks": checks}
     if anchor_error is not None:

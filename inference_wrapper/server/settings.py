@@ -55,7 +55,7 @@ class Settings:
     checkpoint_interval_s: float = 1.0
     otel_exporter: str = "none"  # "none" or "console"
     anchor_interval_s: float = 1.0
-    anchor_lag_slo_s: float = 10.0
+    anchor_lag_slo_s: float = 10.0  # also the anchoring-lag SLO (README "SLOs")
     anchor_slo_policy: str = "keep-serving"  # or "fail-closed"
     # Fabric anchoring: on when an endpoint is set (local anchoring otherwise).
     fabric_gateway_endpoint: str = ""
@@ -72,6 +72,16 @@ class Settings:
     retention_default_days: int = 183
     retention_minimum_days: int = 183  # EU AI Act Art. 19: at least six months
     retention_expiry_interval_s: float = 3600.0
+    # SLOs (README "SLOs"): per route "ROUTE=P99_S:JITTER_S", comma-separated, where
+    # jitter is p99 - p50; availability as unplanned downtime minutes per 30-day month
+    # (43.2 = 99.9 %) and the longest single outage; the share of readiness samples
+    # allowed over anchor_lag_slo_s; how often readiness and the SLO state are sampled.
+    slo_latency: str = ("/v1/generate=2.5:2.0,/v1/completions=2.5:2.0,"
+                        "/v1/chat/completions=2.5:2.0")
+    slo_downtime_min_per_month: float = 43.2
+    slo_max_outage_s: float = 300.0
+    slo_anchor_lag_budget: float = 0.01
+    slo_sample_interval_s: float = 5.0
     keyring_path: Path = DATA_HOME / "vault.keyring"
     kek_provider: str = ""  # "package.module:factory" of a KMS-backed KeyEncryptionKeys
 

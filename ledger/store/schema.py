@@ -192,3 +192,18 @@ receipts = Table(
     PrimaryKeyConstraint("tenant", "idempotency_key", name="pk_receipts"),
     Index("ix_receipts_expires_at", "expires_at"),
 )
+
+# The service's own readiness over time (SLO availability): one row per span of one
+# replica in one state; the open span's end is pushed forward as the state is sampled.
+# Not part of the log; kept so downtime survives restarts.
+readiness_history = Table(
+    "readiness_history",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("replica", String(128), nullable=False),
+    Column("ready", Integer, nullable=False),  # 1 ready, 0 not ready
+    Column("started_at", DateTime, nullable=False),
+    Column("ended_at", DateTime, nullable=False),
+    Column("clean_stop", Integer, nullable=False, server_default=text("0")),
+    Index("ix_readiness_history_ended_at", "ended_at"),
+)

@@ -28,7 +28,8 @@ from ledger.anchor.fabric import ChaincodeRefusedError, FabricAnchor, FabricGate
 from ledger.anchor.store import SqlAnchorStore
 from ledger.anchor.worker import AnchorWorker
 from ledger.checkpoint import Checkpoint, NoteSigner
-from ledger.errors import BackendUnavailableError
+from ledger.error_map import EXIT_USAGE, exit_code_for
+from ledger.errors import BackendConfigurationError, BackendUnavailableError
 from ledger.store.integrator import Integrator
 from ledger.store.keys import load_or_create_signer
 from ledger.store.migrate import upgrade
@@ -126,6 +127,25 @@ def test_every_refusal_has_its_own_code_on_a_real_network(network: dict[str, str
         assert refused("AnchorCheckpoint", note(2), "[]") == "ROLLBACK"
     finally:
         gateway.close()
+
+
+def test_unknown_channel_or_chaincode_is_a_configuration_error(
+        network: dict[str, str]) -> None:
+    """The real gateway's answers (UNAVAILABLE on Evaluate for a channel its peer has not
+    joined, FAILED_PRECONDITION otherwise) are configuration errors, not outages."""
+    for channel, chaincode in (("nochannel", "anchor"), ("auditchannel", "nochaincode")):
+        gateway = gateway_of(dict(network, FABRIC_CHANNEL=channel,
+                                  FABRIC_CHAINCODE=chaincode))
+        try:
+            with pytest.raises(BackendConfigurationError) as evaluated:
+                gateway.evaluate("GetLatest", "nobody/log")
+            with pytest.raises(BackendConfigurationError) as submitted:
+                gateway.submit("InitLog", "nobody/log", "key")
+            for info in (evaluated, submitted):
+                assert f"channel {channel!r} / chaincode {chaincode!r}" in str(info.value)
+                assert exit_code_for(info.value) == EXIT_USAGE
+        finally:
+            gateway.close()
 
 
 class LosesOneCommitStatus(FabricGateway):

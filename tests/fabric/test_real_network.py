@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -146,6 +147,42 @@ def test_unknown_channel_or_chaincode_is_a_configuration_error(
                 assert exit_code_for(info.value) == EXIT_USAGE
         finally:
             gateway.close()
+
+
+def test_an_mvcc_conflict_lands_in_the_winners_block(network: dict[str, str]) -> None:
+    """What the peer double models, checked on the real thing: two anchors endorsed on the
+    same state and ordered together; the second is MVCC_READ_CONFLICT in the SAME block."""
+    from fabric_protos.gateway import gateway_pb2 as untyped
+
+    messages: Any = untyped  # generated code without type stubs
+    gateway = gateway_of(network)
+    origin = f"real-mvcc-{uuid.uuid4().hex[:8]}/log"
+    signer = NoteSigner(origin, Ed25519PrivateKey.generate())
+    tree = merkle.MemoryTree(merkle.hash_leaf(b"%d" % i) for i in range(6))
+    try:
+        gateway.submit("InitLog", origin, signer.verifier().encode())
+        prepared = []
+        for size in (3, 5):  # both extend the empty log: both endorse
+            note = signer.sign_checkpoint(Checkpoint(origin, size, tree.root(size))).decode()
+            tx_id, signed = gateway._proposal("AnchorCheckpoint", [note, "[]"])
+            endorsed = gateway._stub.Endorse(messages.EndorseRequest(
+                transaction_id=tx_id, channel_id=gateway.channel, proposed_transaction=signed),
+                timeout=30)
+            envelope = endorsed.prepared_transaction
+            envelope.signature = gateway.identity.sign(envelope.payload)
+            prepared.append((tx_id, envelope))
+        for tx_id, envelope in prepared:  # within one BatchTimeout: one block
+            gateway._stub.Submit(messages.SubmitRequest(
+                transaction_id=tx_id, channel_id=gateway.channel,
+                prepared_transaction=envelope), timeout=30)
+        (first, first_block), (second, second_block) = (
+            gateway.commit_status(tx_id) for tx_id, _ in prepared)
+        assert (first, second) == ("VALID", "MVCC_READ_CONFLICT")
+        assert second_block == first_block
+        latest = json.loads(gateway.evaluate("GetLatest", origin))
+        assert (latest["size"], latest["txId"]) == (3, prepared[0][0])
+    finally:
+        gateway.close()
 
 
 class LosesOneCommitStatus(FabricGateway):

@@ -10,9 +10,15 @@
 #
 # Needs, from Fabric 2.5 (the release archive's layout, or a build of the official source):
 #   $FABRIC_BIN/{cryptogen,configtxgen,osnadmin,orderer,peer}
-#   $FABRIC_CONFIG   orderer.yaml + core.yaml (default: $FABRIC_BIN/../config)
+#   $FABRIC_CONFIG   orderer.yaml + core.yaml (default: $FABRIC_BIN/../config; from a
+#                    source checkout: its sampleconfig/, the same files)
 #   $FABRIC_CCAAS    the ccaas builder, bin/{detect,build,release} (default:
-#                    $FABRIC_BIN/../builders/ccaas)
+#                    $FABRIC_BIN/../builders/ccaas; from source: ccaas_builder/cmd/*, a
+#                    Go module of its own, or any builder following the external-builder
+#                    contract: detect accepts metadata.json type "ccaas", build copies
+#                    connection.json, release puts it in chaincode/server/)
+# Tried against v2.5.12 built from the official source with Go 1.23 (orderer, peer,
+# osnadmin, configtxgen, cryptogen), config from sampleconfig/.
 # and node with chaincode/node_modules installed (scripts/setup.sh does that).
 # Ports: NATIVE_ORDERER_PORT (7050), NATIVE_ORDERER_ADMIN_PORT (7053), NATIVE_PEER_PORT
 # (7051), NATIVE_PEER_CC_PORT (7052), NATIVE_CC_PORT (9999), NATIVE_*_OPS_PORT (8443, 9443);
@@ -203,6 +209,7 @@ chaincode() {
         --peerAddresses "127.0.0.1:$PEER_PORT" --tlsRootCertFiles "$P/tls/ca.crt"
     retry "$FABRIC_BIN/peer" lifecycle chaincode querycommitted --channelID "$CHANNEL" \
         --name "$CC_NAME"
+    cat "$WORK/logs/last-retry.log"  # the committed definition, as the peer reports it
 }
 
 write_env() {

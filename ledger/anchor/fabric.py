@@ -168,6 +168,11 @@ class FabricGateway:
         except grpc.RpcError as exc:
             code, details = exc.code(), exc.details() or ""
             extra = _error_details(exc)
+            if code == grpc.StatusCode.UNAVAILABLE and details.startswith(
+                    "failed to get config for channel"):
+                # A real 2.5 gateway's Evaluate on a channel its peer has not joined: the
+                # peer answered, so this is the configuration, not an outage.
+                raise self._misconfigured("the peer has not joined the channel", details) from exc
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 hint = "" if self.tls else (
                     " (no TLS CA given: a TLS network, as every Raft one is, needs the peer's "
@@ -178,15 +183,17 @@ class FabricGateway:
             if code == grpc.StatusCode.FAILED_PRECONDITION:
                 # An unknown channel or chaincode, or an identity the channel refuses:
                 # the configuration is wrong, and retrying soon will not change that.
-                raise BackendConfigurationError(
-                    f"Fabric gateway {self.endpoint} refused channel {self.channel!r} / "
-                    f"chaincode {self.chaincode!r} for MSP {self.identity.mspid!r} "
-                    "(FAILED_PRECONDITION); check the channel, chaincode and identity "
-                    "settings", detail=message) from exc
+                raise self._misconfigured("FAILED_PRECONDITION", message) from exc
             if code in (grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN) and (
                     "chaincode response" in message or extra):
                 raise ChaincodeRefusedError(message) from exc
             raise BackendError(f"Fabric gateway: {code.name}: {details} {extra}") from exc
+
+    def _misconfigured(self, why: str, detail: str) -> BackendConfigurationError:
+        return BackendConfigurationError(
+            f"Fabric gateway {self.endpoint} refused channel {self.channel!r} / "
+            f"chaincode {self.chaincode!r} for MSP {self.identity.mspid!r} ({why}); check "
+            "the channel, chaincode and identity settings", detail=detail)
 
     def evaluate(self, function: str, *args: str, chaincode: str | None = None) -> bytes:
         tx_id, signed = self._proposal(function, args, chaincode)

@@ -14,7 +14,8 @@ returns an unsigned envelope whose payload header is the proposal's header; Subm
 unsigned envelope is INVALID_ARGUMENT, of one signed by another identity ABORTED (the
 transaction id stays usable); a resubmitted committed envelope succeeds; CommitStatus
 waits until commit (DEADLINE_EXCEEDED for unknown ids) and reports MVCC_READ_CONFLICT as
-a result code with a block number; an unknown channel is UNAVAILABLE.
+a result code with a block number; an unknown channel is UNAVAILABLE on Evaluate and
+FAILED_PRECONDITION on Endorse, in the real gateway's words.
 
 Ordering is modelled by a batch cutter: Submit queues the envelope; a block is cut when
 ``batch_timeout_s`` has passed since the first queued one (at once when it is 0), or when
@@ -341,14 +342,27 @@ class GatewayDouble(gateway_pb2_grpc.GatewayServicer):  # type: ignore[misc]
 
     # --- checks every real peer makes -------------------------------------------------
 
-    def _check_proposal(self, signed: Any) -> tuple[Any, Any, Any, list[bytes]]:
+    def _check_proposal(self, signed: Any, *, endorse: bool = False
+                        ) -> tuple[Any, Any, Any, list[bytes]]:
         proposal = proposal_pb2.Proposal.FromString(signed.proposal_bytes)
         header = common_pb2.Header.FromString(proposal.header)
         channel_header = common_pb2.ChannelHeader.FromString(header.channel_header)
         signature_header = common_pb2.SignatureHeader.FromString(header.signature_header)
         if channel_header.channel_id != self.channel:
+            # A real 2.5 gateway's words for a channel its peer has not joined: Evaluate
+            # fails connecting the channel's peers (UNAVAILABLE), Endorse finds no
+            # endorsement plan (FAILED_PRECONDITION).
+            channel = channel_header.channel_id
+            if endorse:
+                named = proposal_pb2.ChaincodeHeaderExtension.FromString(
+                    channel_header.extension).chaincode_id.name
+                raise ProtocolError(grpc.StatusCode.FAILED_PRECONDITION,
+                                    "no combination of peers can be derived which satisfy "
+                                    "the endorsement policy: No metadata was found for "
+                                    f"chaincode {named} in channel {channel}")
             raise ProtocolError(grpc.StatusCode.UNAVAILABLE,
-                                f"channel {channel_header.channel_id} not found")
+                                f"failed to get config for channel [{channel}]: could not "
+                                f"get last config for channel {channel}")
         expected = hashlib.sha256(signature_header.nonce + signature_header.creator).hexdigest()
         if channel_header.tx_id != expected:
             raise ProtocolError(grpc.StatusCode.FAILED_PRECONDITION,
@@ -422,7 +436,8 @@ class GatewayDouble(gateway_pb2_grpc.GatewayServicer):  # type: ignore[misc]
         return self._guard(context, lambda: self._endorse(request))
 
     def _endorse(self, request: Any) -> Any:
-        proposal, header, channel_header, args = self._check_proposal(request.proposed_transaction)
+        proposal, header, channel_header, args = self._check_proposal(
+            request.proposed_transaction, endorse=True)
         tx_id = channel_header.tx_id
         if tx_id in self.committed:
             raise ProtocolError(grpc.StatusCode.ABORTED, "failed to endorse transaction, see "

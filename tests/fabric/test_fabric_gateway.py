@@ -203,13 +203,25 @@ def test_unknown_transaction_waits_until_the_deadline(peer: PeerDouble,
         gateway.commit_status("ab" * 32)
 
 
-def test_unknown_channel_is_unavailable(peer: PeerDouble, client_identity: Identity) -> None:
+def test_unknown_channel_is_a_configuration_error_not_an_outage(
+        peer: PeerDouble, client_identity: Identity) -> None:
+    """A real 2.5 gateway answers Evaluate on a channel its peer has not joined with
+    UNAVAILABLE ("failed to get config for channel"), Endorse with FAILED_PRECONDITION
+    (seen on a real network): both are the settings, exit 2, never "unreachable"."""
     from ledger.anchor.fabric import FabricGateway
-    from ledger.errors import BackendUnavailableError
+    from ledger.error_map import EXIT_USAGE, exit_code_for
+    from ledger.errors import BackendConfigurationError
 
     gateway = FabricGateway(peer.endpoint, client_identity, "nochannel", "anchor")
-    with pytest.raises(BackendUnavailableError):
+    with pytest.raises(BackendConfigurationError, match="has not joined") as evaluated:
         gateway.evaluate("GetLatest", ORIGIN)
+    assert "failed to get config for channel [nochannel]" in evaluated.value.diagnostics()
+    assert exit_code_for(evaluated.value) == EXIT_USAGE
+    with pytest.raises(BackendConfigurationError, match="FAILED_PRECONDITION") as submitted:
+        gateway.submit("InitLog", ORIGIN, "key")
+    assert "No metadata was found for chaincode anchor in channel nochannel" in \
+        submitted.value.diagnostics()
+    gateway.close()
 
 
 def test_official_node_client_drives_the_double(peer: PeerDouble, client_identity: Identity,

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -28,6 +29,8 @@ from ledger.anchor.fabric import ChaincodeRefusedError, FabricAnchor, FabricGate
 from ledger.anchor.store import SqlAnchorStore
 from ledger.anchor.worker import AnchorWorker
 from ledger.checkpoint import Checkpoint, NoteSigner
+from ledger.error_map import EXIT_USAGE, exit_code_for
+from ledger.errors import BackendConfigurationError, BackendUnavailableError
 from ledger.store.integrator import Integrator
 from ledger.store.keys import load_or_create_signer
 from ledger.store.migrate import upgrade
@@ -94,6 +97,143 @@ def test_anchor_on_a_real_network(network: dict[str, str]) -> None:
             Checkpoint(origin, 3, tree.root(3))).decode(), "[]")
     assert info.value.code == "ROLLBACK"
     gateway.close()
+
+
+def test_every_refusal_has_its_own_code_on_a_real_network(network: dict[str, str]) -> None:
+    """The real peer carries the chaincode's refusal through Endorse as its own code."""
+    gateway = gateway_of(network)
+    origin = f"real-refusals-{uuid.uuid4().hex[:8]}/log"
+    signer = NoteSigner(origin, Ed25519PrivateKey.generate())
+    tree = merkle.MemoryTree(merkle.hash_leaf(b"%d" % i) for i in range(8))
+
+    def note(size: int, root: bytes | None = None, by: NoteSigner = signer) -> str:
+        return by.sign_checkpoint(Checkpoint(origin, size, root or tree.root(size))).decode()
+
+    def refused(function: str, *args: str) -> str:
+        with pytest.raises(ChaincodeRefusedError) as info:
+            gateway.submit(function, *args)
+        return info.value.code
+
+    try:
+        assert refused("AnchorCheckpoint", note(4), "[]") == "UNKNOWN_ORIGIN"
+        gateway.submit("InitLog", origin, signer.verifier().encode())
+        other = NoteSigner(origin, Ed25519PrivateKey.generate())
+        assert refused("InitLog", origin, other.verifier().encode()) == "LOG_EXISTS"
+        assert refused("AnchorCheckpoint", note(4, by=other), "[]") == "BAD_SIGNATURE"
+        assert refused("AnchorCheckpoint", "not a note", "[]") == "MALFORMED"
+        gateway.submit("AnchorCheckpoint", note(4), "[]")
+        assert refused("AnchorCheckpoint", note(4, merkle.hash_leaf(b"other")), "[]") == "FORK"
+        wrong = [h.hex() for h in tree.consistency_proof(3, 6)]
+        assert refused("AnchorCheckpoint", note(6), json.dumps(wrong)) == "BAD_PROOF"
+        assert refused("AnchorCheckpoint", note(2), "[]") == "ROLLBACK"
+    finally:
+        gateway.close()
+
+
+def test_unknown_channel_or_chaincode_is_a_configuration_error(
+        network: dict[str, str]) -> None:
+    """The real gateway's answers (UNAVAILABLE on Evaluate for a channel its peer has not
+    joined, FAILED_PRECONDITION otherwise) are configuration errors, not outages."""
+    for channel, chaincode in (("nochannel", "anchor"), ("auditchannel", "nochaincode")):
+        gateway = gateway_of(dict(network, FABRIC_CHANNEL=channel,
+                                  FABRIC_CHAINCODE=chaincode))
+        try:
+            with pytest.raises(BackendConfigurationError) as evaluated:
+                gateway.evaluate("GetLatest", "nobody/log")
+            with pytest.raises(BackendConfigurationError) as submitted:
+                gateway.submit("InitLog", "nobody/log", "key")
+            for info in (evaluated, submitted):
+                assert f"channel {channel!r} / chaincode {chaincode!r}" in str(info.value)
+                assert exit_code_for(info.value) == EXIT_USAGE
+        finally:
+            gateway.close()
+
+
+def test_an_mvcc_conflict_lands_in_the_winners_block(network: dict[str, str]) -> None:
+    """What the peer double models, checked on the real thing: two anchors endorsed on the
+    same state and ordered together; the second is MVCC_READ_CONFLICT in the SAME block."""
+    from fabric_protos.gateway import gateway_pb2 as untyped
+
+    messages: Any = untyped  # generated code without type stubs
+    gateway = gateway_of(network)
+    origin = f"real-mvcc-{uuid.uuid4().hex[:8]}/log"
+    signer = NoteSigner(origin, Ed25519PrivateKey.generate())
+    tree = merkle.MemoryTree(merkle.hash_leaf(b"%d" % i) for i in range(6))
+    try:
+        gateway.submit("InitLog", origin, signer.verifier().encode())
+        prepared = []
+        for size in (3, 5):  # both extend the empty log: both endorse
+            note = signer.sign_checkpoint(Checkpoint(origin, size, tree.root(size))).decode()
+            tx_id, signed = gateway._proposal("AnchorCheckpoint", [note, "[]"])
+            endorsed = gateway._stub.Endorse(messages.EndorseRequest(
+                transaction_id=tx_id, channel_id=gateway.channel, proposed_transaction=signed),
+                timeout=30)
+            envelope = endorsed.prepared_transaction
+            envelope.signature = gateway.identity.sign(envelope.payload)
+            prepared.append((tx_id, envelope))
+        for tx_id, envelope in prepared:  # within one BatchTimeout: one block
+            gateway._stub.Submit(messages.SubmitRequest(
+                transaction_id=tx_id, channel_id=gateway.channel,
+                prepared_transaction=envelope), timeout=30)
+        (first, first_block), (second, second_block) = (
+            gateway.commit_status(tx_id) for tx_id, _ in prepared)
+        assert (first, second) == ("VALID", "MVCC_READ_CONFLICT")
+        assert second_block == first_block
+        latest = json.loads(gateway.evaluate("GetLatest", origin))
+        assert (latest["size"], latest["txId"]) == (3, prepared[0][0])
+    finally:
+        gateway.close()
+
+
+class LosesOneCommitStatus(FabricGateway):
+    """Waits for the real commit, then reports the status lost once (as when the peer
+    dies while the client waits): the transaction IS on the channel."""
+
+    lost: tuple[str, int] | None = None
+
+    def commit_status(self, tx_id: str) -> tuple[str, int]:
+        code, block = super().commit_status(tx_id)
+        if self.lost is None:
+            self.lost = (tx_id, block)
+            raise BackendUnavailableError("commit status lost (test)")
+        return code, block
+
+
+def test_a_lost_commit_status_is_reconciled_from_a_real_channel(
+        network: dict[str, str], tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade(url)
+    origin = f"real-lost-{uuid.uuid4().hex[:8]}.audit-ledger/log"
+    signer = load_or_create_signer(tmp_path / "log.key", origin)
+    tls = Path(network["FABRIC_TLS_CA"]) if network.get("FABRIC_TLS_CA") else None
+    gateway = LosesOneCommitStatus(
+        network["FABRIC_GATEWAY_ENDPOINT"],
+        Identity.from_files(network["FABRIC_MSPID"], Path(network["FABRIC_CERT"]),
+                            Path(network["FABRIC_KEY"])),
+        network.get("FABRIC_CHANNEL", "auditchannel"),
+        network.get("FABRIC_CHAINCODE", "anchor"), tls_ca=tls)
+    gateway.lost = ("registration", 0)  # InitLog's status is not the one lost
+    with SqlLedger(url) as ledger:
+        store = SqlAnchorStore(ledger)
+        anchor = FabricAnchor(ledger, gateway, signer.verifier(), origin, store)
+        anchor.register()
+        gateway.lost = None
+        integrator = Integrator(ledger, signer, origin)
+        try:
+            for i in range(4):
+                ledger.append(make_record(i))
+            sealed = integrator.seal_now()
+            assert sealed is not None and sealed.size == 4
+            recorded = anchor.anchor(sealed.note)
+            assert gateway.lost is not None
+            lost_tx, lost_block = gateway.lost
+            # Recorded from the channel: the transaction whose status was lost, its block.
+            assert recorded.size == 4
+            assert recorded.ref == f"fabric:{gateway.channel}:{lost_tx}:{lost_block}"
+            assert store.unreferenced_below(4) == 0
+        finally:
+            integrator.lease.release()
+            gateway.close()
 
 
 def _service(tmp_path: Path, network: dict[str, str]) -> tuple[SqlLedger, FabricAnchor,

@@ -31,6 +31,7 @@ class Point:
     columns: dict[str, object]
     timings_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     batch_size: int | None = None
+    schema: str = "audit-record/v1"  # the leaf's kind: only generate records have fingerprints
 
     @classmethod
     def from_record(cls, created_at: datetime, columns: dict[str, object],
@@ -41,7 +42,8 @@ class Point:
         return cls(created_at, columns,
                    {k: float(v) for k, v in timings.items() if isinstance(v, int | float)}
                    if isinstance(timings, Mapping) else {},
-                   size if isinstance(size, int) else None)
+                   size if isinstance(size, int) else None,
+                   str(body.get("schema", "")))
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,8 @@ def fingerprint_changes(points: Sequence[Point]) -> list[Change]:
     for field, _ in TIMELINE_FIELDS:
         runs: list[tuple[str, datetime, int]] = []  # value, first seen, count
         for point in points:
+            if point.schema != "audit-record/v1":  # access, erasure, report... leaves
+                continue
             value = str(point.columns.get(field) or "unknown")
             if runs and runs[-1][0] == value:
                 runs[-1] = (value, runs[-1][1], runs[-1][2] + 1)

@@ -117,3 +117,16 @@ def test_line_chart_is_well_formed_and_escapes_labels() -> None:
     assert len(tree.findall("{http://www.w3.org/2000/svg}polyline")) == 1
     assert "<b>" not in svg
     assert "no data in range" in line_chart_svg({"x": []}, title="t", unit="ms")
+
+
+def test_leaves_of_other_kinds_are_not_fingerprint_changes() -> None:
+    from datetime import datetime
+
+    from inference_wrapper.server.console_plots import Point, fingerprint_changes
+
+    at = datetime(2026, 11, 30, 12, 0)
+    record = {"schema": "audit-record/v1"}
+    points = [Point.from_record(at, {"model_digest": "sha256:aa"}, record),
+              Point.from_record(at, {}, {"schema": "access-record/v1"}),
+              Point.from_record(at, {"model_digest": "sha256:aa"}, record)]
+    assert [c for c in fingerprint_changes(points) if c.field == "model_digest"] == []

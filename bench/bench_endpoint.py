@@ -115,7 +115,7 @@ def start_service(args: list[str], env: dict[str, str]) -> tuple[subprocess.Pope
 
 async def wait_ready(base: str) -> None:
     async with aiohttp.ClientSession() as session:
-        for _ in range(600):
+        for _ in range(1200):  # two minutes: a loaded machine loads torch slowly
             try:
                 async with session.get(f"{base}/readyz") as response:
                     if response.status == 200:

@@ -18,26 +18,20 @@ import argparse
 import asyncio
 import json
 import os
-import re
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import aiohttp
 
+# Run as a script from bench/: the endpoint benchmark's service helpers are shared.
+from bench_endpoint import free_port, start_service, wait_ready
+
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Summarise the credit exposure of the retail portfolio in one sentence:"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def cli(env: dict[str, str], *args: str) -> str:
@@ -52,35 +46,13 @@ def start(home: Path, model_dir: Path, manifest: Path, retain: bool
     if retain:
         cli(env, "retention", "--db", url, "set", "--tenant", "default", "--mode", "content")
     port = free_port()
-    proc = subprocess.Popen(
+    proc, token = start_service(
         [sys.executable, "-m", "audit_cli.main", "serve", "--port", str(port), "--db", url,
          "--model-dir", str(model_dir), "--model-manifest", str(manifest), "--max-batch", "32"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    token = ""
-    for line in proc.stdout:
-        match = re.search(r"client\s+\(tenant default\): (\S+)", line)
-        token = match.group(1) if match else token
-        if line.startswith("serving"):
-            break
-    stream = proc.stdout
-    threading.Thread(target=lambda: [None for _ in stream], daemon=True).start()  # drain
+        env)  # its output is drained, so the service never blocks on a full pipe
     auditor = json.loads(cli(env, "keys", "--db", url, "--json", "create", "--tenant",
                              "audit-firm", "--role", "auditor"))["token"]
     return proc, f"http://127.0.0.1:{port}", token, auditor
-
-
-async def wait_ready(base: str) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(1200):
-            try:
-                async with session.get(f"{base}/readyz") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError(f"{base} never became ready")
 
 
 async def generate_load(base: str, token: str, concurrency: int, seconds: float,

@@ -54,6 +54,22 @@ def key_hash(name: str, public_key: bytes) -> bytes:
     return hashlib.sha256(name.encode() + b"\n" + ED25519_ALG + public_key).digest()[:4]
 
 
+def split_vkey(text: str, alg: bytes, what: str, wrong_alg: str) -> tuple[str, str, bytes]:
+    """(name, key hash in hex, public key) of a signed-note vkey ``name+hash+base64(alg||key)``;
+    ``what`` and ``wrong_alg`` word the errors (ValueError)."""
+    parts = text.strip().split("+", 2)
+    if len(parts) != 3:
+        raise ValueError(f"{what} must be name+hash+key")
+    name, hash_hex, key_b64 = parts
+    try:
+        raw = base64.b64decode(key_b64, validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"{what} is not base64") from exc
+    if raw[:1] != alg:
+        raise ValueError(wrong_alg)
+    return name, hash_hex, raw[1:]
+
+
 def _check_key_name(name: str) -> None:
     if not name or any(c.isspace() or c == "+" for c in name):
         raise ValueError(f"invalid key name {name!r}: no spaces or '+' allowed")
@@ -191,17 +207,9 @@ class NoteVerifier:
 
     @classmethod
     def decode(cls, text: str) -> NoteVerifier:
-        parts = text.strip().split("+", 2)
-        if len(parts) != 3:
-            raise ValueError("verifier key must be name+hash+key")
-        name, hash_hex, key_b64 = parts
-        try:
-            raw = base64.b64decode(key_b64, validate=True)
-        except binascii.Error as exc:
-            raise ValueError("verifier key is not base64") from exc
-        if raw[:1] != ED25519_ALG:
-            raise ValueError("only Ed25519 verifier keys are supported")
-        verifier = cls(name, raw[1:])
+        name, hash_hex, key = split_vkey(text, ED25519_ALG, "verifier key",
+                                         "only Ed25519 verifier keys are supported")
+        verifier = cls(name, key)
         if verifier.key_hash.hex() != hash_hex:
             raise ValueError("verifier key hash does not match its key")
         return verifier

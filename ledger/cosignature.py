@@ -13,7 +13,6 @@ has seen for this origin. Pure: no I/O.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import struct
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from ledger.checkpoint import SIGNATURE_PREFIX, SignedNote
+from ledger.checkpoint import SIGNATURE_PREFIX, SignedNote, split_vkey
 from ledger.errors import CheckpointFormatError
 
 COSIGNATURE_ALG = b"\x04"
@@ -88,17 +87,10 @@ class WitnessKey:
 
     @classmethod
     def decode(cls, text: str) -> WitnessKey:
-        parts = text.strip().split("+", 2)
-        if len(parts) != 3:
-            raise ValueError("witness key must be name+hash+key")
-        name, hash_hex, key_b64 = parts
-        try:
-            raw = base64.b64decode(key_b64, validate=True)
-        except binascii.Error as exc:
-            raise ValueError("witness key is not base64") from exc
-        if raw[:1] != COSIGNATURE_ALG:
-            raise ValueError("a witness key has signature type 0x04 (cosignature/v1)")
-        key = cls(name, raw[1:])
+        name, hash_hex, public = split_vkey(
+            text, COSIGNATURE_ALG, "witness key",
+            "a witness key has signature type 0x04 (cosignature/v1)")
+        key = cls(name, public)
         if key.key_id.hex() != hash_hex:
             raise ValueError("witness key hash does not match its key")
         return key

@@ -35,7 +35,6 @@ from inference_wrapper.server.appkeys import (
     LIFECYCLE,
     METRICS,
     SETTINGS,
-    SHUTTING_DOWN,
     SIGNER,
     SUPERVISOR,
     TRACER,
@@ -67,7 +66,7 @@ log = logging.getLogger("audit_ledger.http")
 
 # Re-exported: callers that imported the keys from here keep working.
 __all__ = ["ANCHOR_WORKER", "BATCHER", "GENERATOR", "INTEGRATOR", "KEYS", "LEDGER",
-           "METRICS", "SETTINGS", "SHUTTING_DOWN", "SIGNER", "TRACER", "VAULT", "LIFECYCLE",
+           "METRICS", "SETTINGS", "SIGNER", "TRACER", "VAULT", "LIFECYCLE",
            "SUPERVISOR", "IDEMPOTENCY", "create_app"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -103,7 +102,7 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     started = time.perf_counter()
     problem: Problem | None = None
     try:
-        if request.app[SHUTTING_DOWN].is_set() and request.path not in UNGATED_PATHS:
+        if request.app[LIFECYCLE].shutting_down and request.path not in UNGATED_PATHS:
             raise Problem(503, "Service Unavailable", "the service is shutting down",
                           headers={"Retry-After": "5", "Connection": "close"})
         response = await handler(request)
@@ -138,7 +137,6 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
 
 async def mark_shutting_down(app: web.Application) -> None:
     """From here on new requests get 503; the cleanup contexts then drain the queue."""
-    app[SHUTTING_DOWN].set()
     app[LIFECYCLE].shutting_down = True
 
 
@@ -318,7 +316,6 @@ def create_app(settings: Settings, generator: AuditedGenerator, *,
     app[GENERATOR] = generator
     app[METRICS] = Metrics()
     app[TRACER] = PhaseTracer(settings.otel_exporter)
-    app[SHUTTING_DOWN] = asyncio.Event()
     app[LIFECYCLE] = Lifecycle(on_fatal=[on_fatal] if on_fatal else [])
     app.on_shutdown.append(mark_shutting_down)
     app.cleanup_ctx.extend([ledger_context, vault_context, receipts_context, integrator_context,

@@ -6,8 +6,6 @@ each other (the app imports the route table; the routes need only these keys).
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 
 from inference_wrapper.batcher import Batcher
@@ -38,9 +36,7 @@ VAULT = web.AppKey("vault", ContentVault)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 SUPERVISOR = web.AppKey("supervisor", Supervisor)
 IDEMPOTENCY = web.AppKey("idempotency", Idempotency)
-# Set once shutdown begins; from then on every new request is answered 503.
-SHUTTING_DOWN = web.AppKey("shutting_down", asyncio.Event)
 
 __all__ = ["ANCHOR_WORKER", "BATCHER", "GENERATOR", "INTEGRATOR", "KEYS", "LEDGER",
-           "METRICS", "SETTINGS", "SHUTTING_DOWN", "SIGNER", "TRACER", "VAULT",
+           "METRICS", "SETTINGS", "SIGNER", "TRACER", "VAULT",
            "LIFECYCLE", "SUPERVISOR", "IDEMPOTENCY"]

@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
-from ledger.checkpoint import ED25519_ALG, Checkpoint, NoteSigner, NoteVerifier, key_hash
+from ledger.checkpoint import (
+    ED25519_ALG,
+    Checkpoint,
+    NoteSigner,
+    NoteVerifier,
+    key_hash,
+    split_vkey,
+)
 from ledger.errors import LedgerError, LogIdentityError
 
 if TYPE_CHECKING:
@@ -44,11 +51,11 @@ def encode_signer_key(name: str, private_key: Ed25519PrivateKey) -> str:
 def decode_signer_key(text: str) -> NoteSigner:
     if not text.startswith(PREFIX):
         raise ValueError("not a PRIVATE+KEY signer key")
-    name, hash_hex, blob = text[len(PREFIX):].strip().split("+", 2)
-    raw = base64.b64decode(blob, validate=True)
-    if raw[:1] != ED25519_ALG or len(raw) != 33:
+    name, hash_hex, seed = split_vkey(text[len(PREFIX):], ED25519_ALG, "signer key",
+                                      "only Ed25519 signer keys are supported")
+    if len(seed) != 32:
         raise ValueError("only Ed25519 signer keys are supported")
-    signer = NoteSigner(name, Ed25519PrivateKey.from_private_bytes(raw[1:]))
+    signer = NoteSigner(name, Ed25519PrivateKey.from_private_bytes(seed))
     if signer.key_hash.hex() != hash_hex:
         raise ValueError("signer key hash does not match its key")
     return signer

@@ -33,9 +33,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from ledger.checkpoint import Checkpoint
+from ledger.checkpoint import Checkpoint, split_vkey
 from ledger.cosignature import COSIGNATURE_ALG, Cosigner
-from ledger.store.keys import create_key_file_once
+from ledger.store.keys import PREFIX, create_key_file_once
 from ledger.store.sql import make_engine
 from ledger.witness_policy import WitnessedState
 
@@ -103,7 +103,7 @@ class WitnessStore:
             return result.rowcount == 1
 
 
-KEY_PREFIX = "PRIVATE+KEY+"
+KEY_PREFIX = PREFIX  # the same file format as the log's key
 
 
 def encode_cosigner_key(name: str, private_key: Ed25519PrivateKey) -> str:
@@ -116,14 +116,12 @@ def encode_cosigner_key(name: str, private_key: Ed25519PrivateKey) -> str:
 def decode_cosigner_key(text: str) -> Cosigner:
     if not text.startswith(KEY_PREFIX):
         raise ValueError("not a PRIVATE+KEY witness key")
-    parts = text[len(KEY_PREFIX):].strip().split("+", 2)
-    if len(parts) != 3:
-        raise ValueError("witness key must be PRIVATE+KEY+name+hash+key")
-    name, hash_hex, blob = parts
-    raw = base64.b64decode(blob, validate=True)
-    if raw[:1] != COSIGNATURE_ALG or len(raw) != 33:
-        raise ValueError("a witness key is an Ed25519 cosignature/v1 key (type 0x04)")
-    cosigner = Cosigner(name, Ed25519PrivateKey.from_private_bytes(raw[1:]))
+    wrong = "a witness key is an Ed25519 cosignature/v1 key (type 0x04)"
+    name, hash_hex, seed = split_vkey(text[len(KEY_PREFIX):], COSIGNATURE_ALG,
+                                      "witness key", wrong)
+    if len(seed) != 32:
+        raise ValueError(wrong)
+    cosigner = Cosigner(name, Ed25519PrivateKey.from_private_bytes(seed))
     if cosigner.witness_key.key_id.hex() != hash_hex:
         raise ValueError("witness key hash does not match its key")
     return cosigner

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from inference_wrapper.server.app import GENERATOR, KEYS, LEDGER, SHUTTING_DOWN, create_app
+from inference_wrapper.server.app import GENERATOR, KEYS, LEDGER, LIFECYCLE, create_app
 from inference_wrapper.server.settings import Settings
 from ledger.digest import commitment_matches
 
@@ -163,7 +163,7 @@ async def test_a_500_says_only_internal_error_and_the_request_id(
 
 async def test_requests_after_shutdown_began_get_503(service: Any) -> None:
     client, tokens = service
-    client.server.app[SHUTTING_DOWN].set()
+    client.server.app[LIFECYCLE].shutting_down = True
     response = await client.post("/v1/generate", json={"prompt": "late"},
                                  headers=bearer(tokens["a"]))
     assert response.status == 503 and response.headers["Retry-After"] == "5"

@@ -111,6 +111,11 @@ class BackendUnavailableError(BackendError):
     """A backend could not be reached at all."""
 
 
+class SequencerBusyError(BackendUnavailableError):
+    """The ``tree_state`` row (the sequencer) stayed locked by another session for longer
+    than this caller chose to wait; a seal retries at the next tick."""
+
+
 class DuplicateRecordError(BackendError):
     """A different record already holds this record id."""
 

@@ -197,7 +197,8 @@ async def integrator_context(app: web.Application) -> AsyncIterator[None]:
                             replica_id=settings.replica_id or None).start()
     app[INTEGRATOR] = integrator
     app[METRICS].bind_replica(integrator.replica_id, lambda: integrator.holds_lease,
-                              lambda: last_seal(app[LEDGER]))
+                              lambda: last_seal(app[LEDGER]),
+                              lambda: integrator.fenced_sessions)
     yield
     await asyncio.to_thread(integrator.stop)
 

@@ -12,7 +12,7 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 # Per request: each request spends its own time here.
@@ -67,14 +67,20 @@ class ReplicaCollector(Collector):
     """Who holds the integrator lease and how fresh the log's latest seal is, at scrape."""
 
     def __init__(self, replica_id: str, holds_lease: Callable[[], bool],
-                 last_seal: Callable[[], tuple[float | None, str | None]]) -> None:
+                 last_seal: Callable[[], tuple[float | None, str | None]],
+                 fenced: Callable[[], int]) -> None:
         self.replica_id, self.holds_lease, self.last_seal = replica_id, holds_lease, last_seal
+        self.fenced = fenced
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         held = GaugeMetricFamily("audit_lease_held", "1 if this replica holds the integrator "
                                  "lease (it seals and anchors)", labels=["replica"])
         held.add_metric([self.replica_id], 1.0 if self.holds_lease() else 0.0)
         yield held
+        yield CounterMetricFamily("audit_fenced_writer_sessions",
+                                  "other replicas' writer sessions this replica ended, as "
+                                  "lease holder, for holding the sequencer too long",
+                                  value=self.fenced())
         try:
             age, sealed_by = self.last_seal()
         except Exception:  # the database is unreachable: /readyz reports that
@@ -151,5 +157,6 @@ class Metrics:
         self.checkpoint_age.set_function(checkpoint_age)
 
     def bind_replica(self, replica_id: str, holds_lease: Callable[[], bool],
-                     last_seal: Callable[[], tuple[float | None, str | None]]) -> None:
-        self.registry.register(ReplicaCollector(replica_id, holds_lease, last_seal))
+                     last_seal: Callable[[], tuple[float | None, str | None]],
+                     fenced: Callable[[], int]) -> None:
+        self.registry.register(ReplicaCollector(replica_id, holds_lease, last_seal, fenced))

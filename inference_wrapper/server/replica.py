@@ -27,4 +27,5 @@ def replica_status(app: web.Application) -> dict[str, Any]:
     age, sealed_by = last_seal(app[LEDGER])
     return {"id": integrator.replica_id, "holds_lease": integrator.holds_lease,
             "last_seal_age_s": None if age is None else round(age, 3),
-            "latest_sealed_by": sealed_by, "origin": app[SETTINGS].origin}
+            "latest_sealed_by": sealed_by, "origin": app[SETTINGS].origin,
+            "fenced_writer_sessions": integrator.fenced_sessions}

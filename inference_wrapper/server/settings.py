@@ -31,6 +31,7 @@ class Settings:
     pg_idle_in_transaction_s: float = 30.0
     pg_statement_timeout_s: float = 60.0
     pg_lease_ttl_s: float = 3.0
+    pg_fence_after_s: float = 2.0
     pg_keepalives_idle_s: int = 5
     pg_keepalives_interval_s: int = 2
     pg_keepalives_count: int = 3
@@ -108,6 +109,7 @@ class Settings:
             idle_in_transaction_s=self.pg_idle_in_transaction_s,
             statement_timeout_s=self.pg_statement_timeout_s,
             lease_ttl_s=self.pg_lease_ttl_s,
+            fence_after_s=self.pg_fence_after_s,
             keepalives_idle_s=self.pg_keepalives_idle_s,
             keepalives_interval_s=self.pg_keepalives_interval_s,
             keepalives_count=self.pg_keepalives_count,

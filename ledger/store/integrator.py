@@ -12,6 +12,12 @@ on that session) at least three times per TTL. A holder that freezes (SIGSTOP, a
 VM, a partition) stops renewing, the server ends its session, the lock is free, and
 another replica takes it on its next tick. The holder checks its session is alive before
 every seal, so a replica that wakes up after losing its session seals nothing.
+
+The holder also fences: on every tick it ends other processes' writer sessions that have
+held the ``tree_state`` row too long (``SqlLedger.fence_stuck_writers``). A replica frozen
+between statements is ended by the server's idle-in-transaction timeout anyway, but one
+frozen in the middle of a pipelined insert leaves its session "active" with no timeout
+armed, and only a terminate frees the sequencer then.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from ledger.checkpoint import NoteSigner
-from ledger.errors import BackendError
+from ledger.errors import BackendError, SequencerBusyError
 from ledger.store.sql import SqlLedger, StoredCheckpoint, make_engine
 
 log = logging.getLogger(__name__)
@@ -176,6 +182,7 @@ class Integrator:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._on_seal: list[Callable[[StoredCheckpoint], None]] = []
+        self.fenced_sessions = 0  # other replicas' stuck writer sessions this one ended
 
     def subscribe(self, callback: Callable[[StoredCheckpoint], None]) -> None:
         """Call ``callback`` after each checkpoint this integrator seals (the anchoring
@@ -196,12 +203,23 @@ class Integrator:
         """Seal the current head if this replica holds the lease and the tree grew."""
         if not self.lease.try_acquire():  # also proves the lease session is alive
             return None
+        self.fence()
         sealed = self.ledger.seal_checkpoint(self.signer, self.origin,
-                                             sealed_by=self.replica_id)
+                                             sealed_by=self.replica_id,
+                                             lock_wait_s=self._tick_s)
         if sealed is not None:
             for callback in self._on_seal:
                 callback(sealed)
         return sealed
+
+    def fence(self) -> int:
+        """As lease holder, end other replicas' writer sessions stuck on the sequencer."""
+        ended = self.ledger.fence_stuck_writers(self.ledger.pg.fence_after_s)
+        for pid, application, held_s in ended:
+            log.warning("ended a stuck writer session (pid %d, %s): it had held the "
+                        "sequencer for %.1f s", pid, application, held_s)
+        self.fenced_sessions += len(ended)
+        return len(ended)
 
     @property
     def alive(self) -> bool:
@@ -231,8 +249,10 @@ class Integrator:
                 if time.monotonic() - last_seal >= self.interval_s:
                     last_seal = time.monotonic()
                     self.seal_now()
-                else:
-                    self.lease.try_acquire()  # renew between seals
+                elif self.lease.try_acquire():  # renew between seals
+                    self.fence()
+            except SequencerBusyError:  # a peer holds the row: fence it if it stays stuck
+                log.info("the sequencer row is busy; sealing at the next tick")
             except (DBAPIError, BackendError) as exc:  # expected: a peer froze, a failover
                 log.warning("sealing a checkpoint failed (%s: %s); retrying",
                             type(exc).__name__, str(exc).splitlines()[0][:200])

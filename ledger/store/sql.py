@@ -17,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import os
 import queue
+import secrets
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
@@ -32,6 +34,7 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    text,
     update,
 )
 from sqlalchemy.engine import Connection
@@ -45,6 +48,7 @@ from ledger.errors import (
     BackendUnavailableError,
     DuplicateRecordError,
     InvalidInputError,
+    SequencerBusyError,
     WorkerDiedError,
 )
 from ledger.record import AuditRecord, mirror_columns
@@ -53,6 +57,11 @@ from ledger.store.schema import checkpoints, log_meta, records, tree_state
 log = logging.getLogger(__name__)
 
 MAX_GROUP = 4096  # appends per transaction at most
+# Names this process's PostgreSQL sessions (``application_name``), so a lease holder can
+# tell another process's stuck writer from its own (see ``SqlLedger.fence_stuck_writers``).
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE for a lock_timeout
+PROCESS_TAG = f"{os.getpid()}-{secrets.token_hex(4)}"
+WRITER_APPLICATION_PREFIX = "audit-ledger/writer/"
 QUERY_FILTERS = ("tenant", "model_digest", "accelerator_model", "driver_version",
                  "service_revision")
 
@@ -99,6 +108,13 @@ class PgSessionSettings:
       result at the pace of a client.
     - ``statement_timeout_s``: the longest one statement of a request or tool session may
       run (writer sessions have none: see ``make_engine``).
+    - ``fence_after_s``: the lease holder ends (``pg_terminate_backend``) another
+      process's writer session that has held the ``tree_state`` row this long without
+      waiting on a lock. The idle-in-transaction timeout cannot end every frozen writer:
+      one frozen in the middle of a pipelined batch (psycopg's ``executemany``) leaves its
+      session "active", waiting for the rest of the batch, and the server arms that
+      timeout only between complete requests. Keep it above the longest healthy writer
+      transaction (milliseconds; a seal by the holder itself is never fenced).
     - ``lease_ttl_s``: the lease session is ended by the server when it has not been
       renewed for this long (``idle_session_timeout``); the holder renews it at least
       three times per TTL, so another replica takes the lease at most this long (plus one
@@ -113,11 +129,13 @@ class PgSessionSettings:
     idle_in_transaction_s: float = 30.0
     statement_timeout_s: float = 60.0
     lease_ttl_s: float = 3.0
+    fence_after_s: float = 2.0
     keepalives_idle_s: int = 5
     keepalives_interval_s: int = 2
     keepalives_count: int = 3
 
-    def connect_args(self, *, idle_in_transaction_s: float, idle_session_s: float = 0.0,
+    def connect_args(self, *, role: str, idle_in_transaction_s: float,
+                     idle_session_s: float = 0.0,
                      statement_timeout_s: float | None = None) -> dict[str, Any]:
         """libpq connection parameters: keepalives and the session GUCs as ``options``."""
         statement = self.statement_timeout_s if statement_timeout_s is None \
@@ -139,6 +157,7 @@ class PgSessionSettings:
         dead_after_s = self.keepalives_idle_s + self.keepalives_interval_s * self.keepalives_count
         return {
             "options": options,
+            "application_name": f"audit-ledger/{role}/{PROCESS_TAG}",
             "keepalives": 1,
             "keepalives_idle": self.keepalives_idle_s,
             "keepalives_interval": self.keepalives_interval_s,
@@ -209,6 +228,7 @@ def make_engine(url: str, *, writer: bool = False, sqlite_synchronous: str = "FU
         # Unpooled: the idle-session timeout must never follow a connection into a pool.
         return create_engine(url, poolclass=NullPool, hide_parameters=True,
                              connect_args=pg.connect_args(
+                                 role=role,
                                  idle_in_transaction_s=pg.writer_idle_in_transaction_s,
                                  idle_session_s=pg.lease_ttl_s))
     if role == "writer":
@@ -218,11 +238,12 @@ def make_engine(url: str, *, writer: bool = False, sqlite_synchronous: str = "FU
         # Its lock waits are still bounded by lock_timeout.
         return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=2,
                              hide_parameters=True, connect_args=pg.connect_args(
+                                 role=role,
                                  idle_in_transaction_s=pg.writer_idle_in_transaction_s,
                                  statement_timeout_s=0.0))
     return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10,
                          hide_parameters=True, connect_args=pg.connect_args(
-                             idle_in_transaction_s=pg.idle_in_transaction_s))
+                             role="request", idle_in_transaction_s=pg.idle_in_transaction_s))
 
 
 class _Pending:
@@ -530,6 +551,40 @@ class SqlLedger:
         self.groups_committed += 1
         return results
 
+    # --- fencing ----------------------------------------------------------------------
+
+    def fence_stuck_writers(self, older_than_s: float) -> list[tuple[int, str, float]]:
+        """End other processes' writer sessions stuck holding the sequencer row.
+
+        A session qualifies when it belongs to another process's writer, has had its
+        transaction open for more than ``older_than_s``, holds a lock on ``tree_state``
+        and is not itself waiting on a lock (a waiter is a victim, not the culprit). Its
+        transaction is rolled back, so nothing it had not committed was acknowledged.
+        ``pg_terminate_backend`` acts even on a session blocked reading from or writing to
+        a frozen client, where a cancel (or ``statement_timeout``) would not. Returns
+        (pid, application name, seconds its transaction was open) for each one ended.
+        PostgreSQL only; the caller is the lease holder, so one replica fences at a time.
+        """
+        if not self.is_postgres:
+            return []
+        query = text(
+            "SELECT a.pid, a.application_name,"
+            " EXTRACT(EPOCH FROM clock_timestamp() - a.xact_start)::float8 AS held_s,"
+            " pg_terminate_backend(a.pid) AS ended"
+            " FROM pg_stat_activity a"
+            " WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()"
+            " AND starts_with(a.application_name, :prefix) AND a.application_name <> :own"
+            " AND a.xact_start < clock_timestamp() - make_interval(secs => :after)"
+            " AND a.wait_event_type IS DISTINCT FROM 'Lock'"
+            " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.granted"
+            " AND l.relation = 'tree_state'::regclass)"
+        )
+        with self.engine.begin() as conn:
+            rows = conn.execute(query, {"prefix": WRITER_APPLICATION_PREFIX,
+                                        "own": WRITER_APPLICATION_PREFIX + PROCESS_TAG,
+                                        "after": older_than_s}).all()
+        return [(int(r.pid), str(r.application_name), float(r.held_s)) for r in rows if r.ended]
+
     # --- reading the tree -----------------------------------------------------------
 
     def tree_head(self) -> tuple[int, bytes]:
@@ -571,15 +626,33 @@ class SqlLedger:
 
     # --- checkpoints ----------------------------------------------------------------
 
-    def seal_checkpoint(self, signer: NoteSigner, origin: str,
-                        sealed_by: str | None = None) -> StoredCheckpoint | None:
+    def seal_checkpoint(self, signer: NoteSigner, origin: str, sealed_by: str | None = None,
+                        lock_wait_s: float | None = None) -> StoredCheckpoint | None:
         """Sign the current tree head if it grew since the last checkpoint.
 
         Also marks the mirror rows the new checkpoint is the first to cover. Safe to call
         from several replicas at once: the ``tree_state`` row lock orders them, and the
         later one finds nothing new to seal.
+
+        ``lock_wait_s`` (PostgreSQL) bounds the wait for that row below the session's
+        ``lock_timeout``: the integrator must not sit behind a stuck writer for longer
+        than its tick, or it could neither renew its lease nor fence that writer.
+        Raises ``SequencerBusyError`` when the wait runs out.
         """
+        try:
+            return self._seal(signer, origin, sealed_by, lock_wait_s)
+        except OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+                raise SequencerBusyError("the sequencer row is locked by another "
+                                         "session") from exc
+            raise
+
+    def _seal(self, signer: NoteSigner, origin: str, sealed_by: str | None,
+              lock_wait_s: float | None) -> StoredCheckpoint | None:
         with self._writer_engine.begin() as conn:
+            if self.is_postgres and lock_wait_s is not None:
+                conn.execute(text("SELECT set_config('lock_timeout', :wait, true)"),
+                             {"wait": f"{max(1, _pg_ms(lock_wait_s))}ms"})
             head = select(tree_state.c.size, tree_state.c.root).where(tree_state.c.id == 1)
             if self.is_postgres:
                 head = head.with_for_update()

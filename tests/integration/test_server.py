@@ -333,6 +333,7 @@ async def test_health_readiness_metrics(service: Any) -> None:
                  "audit_anchor_backlog_checkpoints", "audit_last_seal_age_seconds"):
         assert (name, ()) in samples, name
     assert value("audit_lease_held", replica=replica["id"]) == 1
+    assert value("audit_fenced_writer_sessions_total") == 0 == replica["fenced_writer_sessions"]
     assert value("audit_latest_checkpoint_sealed_by", replica=replica["id"]) == 1
 
 

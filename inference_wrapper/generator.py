@@ -19,7 +19,7 @@ from inference_wrapper.fingerprint.hardware import GpuProbe, HardwareFingerprint
 from inference_wrapper.fingerprint.software import SoftwareFingerprint, capture_software
 from inference_wrapper.model import LoadedModel
 from inference_wrapper.params import MAX_SEED, GenerationParams, Limits, validate_prompt
-from ledger.canonical import Canonical
+from ledger.canonical import Canonical, json_number
 from ledger.digest import commit_text, new_salt
 from ledger.record import AuditRecord, build_record
 
@@ -252,7 +252,8 @@ class AuditedGenerator:
         rows = len(batch.requests)
         padded_length = len(batch.input_ids[0])
         batch_id = uuid.uuid4().hex  # lets an auditor regroup the records of one generate
-        generation = batch.params.to_dict()
+        generation = {k: json_number(v) if isinstance(v, float) else v
+                      for k, v in batch.params.to_dict().items()}  # same bytes, fast path
         results = []
         for row, request in enumerate(batch.requests):
             mask = batch.attention_mask[row]

@@ -16,7 +16,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ledger import content_records, merkle
-from ledger.canonical import Canonical, canonical_bytes, canonical_object, parse_canonical
+from ledger.canonical import (
+    Canonical,
+    canonical_bytes,
+    canonical_object,
+    json_number,
+    parse_canonical,
+)
 from ledger.errors import CanonicalFormError
 from ledger.report_record import REPORT_SCHEMA, validate_report
 from ledger.stream_record import STREAM_START_SCHEMA, validate_stream_start
@@ -107,7 +113,7 @@ def build_record(
         "hardware": hardware,
         "software": software,
         "data": dict(data),
-        "timings_ms": {k: round(float(v), 3) for k, v in timings_ms.items()},
+        "timings_ms": {k: json_number(round(float(v), 3)) for k, v in timings_ms.items()},
     }
     body = {k: v.value if isinstance(v, Canonical) else v for k, v in members.items()}
     validate_body(body)

@@ -1,4 +1,5 @@
 import math
+import os
 
 import pytest
 
@@ -53,3 +54,68 @@ def test_spliced_sections_equal_whole_canonicalization() -> None:
     members = {"b": Canonical.of(section), "a": 1, "\U0001f600": "x", "\uff61": Canonical.of([])}
     plain = {k: v.value if isinstance(v, Canonical) else v for k, v in members.items()}
     assert canonical_object(members) == canonical_bytes(plain)
+
+
+# --- the fast path (C JSON encoder) against the reference implementation ------------------
+
+import rfc8785  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_SAFE = 2**53 - 1
+json_scalars = (st.none() | st.booleans() | st.integers(-_SAFE, _SAFE)
+                | st.integers(-(2**60), 2**60)
+                | st.floats(allow_nan=False, allow_infinity=False)
+                | st.sampled_from([0.0, -0.0, 5.0, 1e16, 1e21, 1e-7, 1e-6, 5e-324, 0.1,
+                                   123.456, 1e15 + 0.5, 2.0**53])
+                | st.text() | st.sampled_from(["1.0", "v1e+16", "2.13.0", "x-0.0"])
+                | st.text(alphabet=st.sampled_from(
+                    ["a", "\u00e9", "\uff61", "\U0001f600", "\x00", "\x1f", "\x7f", '"',
+                     "\\", "\n", "\u2028", "1", "."])))
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(
+        st.text(alphabet=st.sampled_from(["a", "b", "\u00e9", "\uff61", "\U0001f600",
+                                          "\U0001f601", "Z"]), max_size=3) | st.text(),
+        inner, max_size=5),
+    max_leaves=30)
+
+
+def _reference(value: object) -> bytes | None:
+    try:
+        return rfc8785.dumps(value)
+    except (rfc8785.CanonicalizationError, ValueError, TypeError):
+        return None
+
+
+@settings(max_examples=int(os.environ.get("CANONICAL_EXAMPLES", "3000")), deadline=None)
+@given(json_values)
+def test_fast_path_equals_the_reference_implementation(value: object) -> None:
+    expected = _reference(value)
+    if expected is None:  # the reference refuses it (e.g. an unsafe integer): so do we
+        with pytest.raises(CanonicalFormError):
+            canonical_bytes(value)
+    else:
+        assert canonical_bytes(value) == expected
+
+
+@pytest.mark.parametrize("value, expected", [
+    ({"t": 12.0}, b'{"t":12}'), ({"t": -0.0}, b'{"t":0}'), ([1e-05], b"[0.00001]"),
+    ([1e16], b"[10000000000000000]"), ([0.5, 10.25], b"[0.5,10.25]"),
+    ({"v": "2.13.0", "d": "sha256:1e+16"}, b'{"d":"sha256:1e+16","v":"2.13.0"}'),
+    ({"\U0001f600": 1, "\uff61": 2}, '{"\U0001f600":1,"\uff61":2}'.encode()),
+    ([1234567890123456, -1234567890123456], b"[1234567890123456,-1234567890123456]"),
+    ({"d": "sha256:ab12345678901234567890"}, b'{"d":"sha256:ab12345678901234567890"}'),
+])
+def test_spellings_the_fast_path_hands_to_the_reference(value: object, expected: bytes) -> None:
+    assert canonical_bytes(value) == expected
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"n": 2**53}, "exceeds safe integer domain"),
+    ({"s": "\ud800"}, "lone surrogate"),
+    ({"x": object()}, "cannot canonicalize"),
+])
+def test_fast_path_refusals_are_canonical_form_errors(bad: object, message: str) -> None:
+    with pytest.raises(CanonicalFormError, match=message):
+        canonical_bytes(bad)

@@ -23,9 +23,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     require_extra("serve", "torch", "transformers", "aiohttp")  # before anything imports them
-    from aiohttp import web
-
     from inference_wrapper.generator import AuditedGenerator
+    from inference_wrapper.server import serve
     from inference_wrapper.server.app import LIFECYCLE, create_app, open_identity
     from inference_wrapper.server.logging_setup import setup_queued_logging
     from inference_wrapper.server.settings import Settings
@@ -74,8 +73,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"serving {generator.loaded.name} ({generator.loaded.digest}) on "
           f"http://{settings.host}:{settings.port}", flush=True)
     try:
-        web.run_app(app, host=settings.host, port=settings.port, print=None,
-                    access_log=None, shutdown_timeout=settings.request_timeout_s)
+        # Not web.run_app: it closes the listener at SIGTERM, refusing new connections
+        # instead of answering them 503 while the requests in flight drain.
+        serve.run(app, settings.host, settings.port,
+                  drain_timeout_s=settings.request_timeout_s)
         dead = app[LIFECYCLE].dead_worker
         if dead is not None:  # logged, not printed: a stalled stderr must not hang the exit
             logging.getLogger("audit_ledger").critical(

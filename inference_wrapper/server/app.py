@@ -101,11 +101,16 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     request_id = _request_id(request)
     started = time.perf_counter()
     problem: Problem | None = None
+    lifecycle = request.app[LIFECYCLE]
     try:
-        if request.app[LIFECYCLE].shutting_down and request.path not in UNGATED_PATHS:
-            raise Problem(503, "Service Unavailable", "the service is shutting down",
-                          headers={"Retry-After": "5", "Connection": "close"})
-        response = await handler(request)
+        if request.path in UNGATED_PATHS:
+            response = await handler(request)
+        else:
+            if lifecycle.shutting_down:
+                raise Problem(503, "Service Unavailable", "the service is shutting down",
+                              headers={"Retry-After": "5", "Connection": "close"})
+            with lifecycle.serving():  # the shutdown drain waits for these
+                response = await handler(request)
     except Problem as exc:
         problem = exc
     except web.HTTPException as exc:
@@ -121,6 +126,8 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
         response = (problem.openai_response() if request.path in OPENAI_PATHS
                     else problem.response(instance=request.path))
     response.headers["X-Request-Id"] = request_id
+    if lifecycle.shutting_down:  # no keep-alive while draining: callers reconnect elsewhere
+        response.force_close()
     elapsed = time.perf_counter() - started
     route = request.match_info.route.resource
     name = route.canonical if route is not None else "unmatched"
@@ -317,7 +324,8 @@ def create_app(settings: Settings, generator: AuditedGenerator, *,
     app[GENERATOR] = generator
     app[METRICS] = Metrics()
     app[TRACER] = PhaseTracer(settings.otel_exporter)
-    app[LIFECYCLE] = Lifecycle(on_fatal=[on_fatal] if on_fatal else [])
+    lifecycle = app[LIFECYCLE] = Lifecycle(on_fatal=[on_fatal] if on_fatal else [])
+    app[METRICS].in_flight.set_function(lambda: float(lifecycle.in_flight))
     app.on_shutdown.append(mark_shutting_down)
     app.cleanup_ctx.extend([ledger_context, vault_context, receipts_context, integrator_context,
                             anchor_context, witness_context, batcher_context,

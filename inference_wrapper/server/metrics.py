@@ -132,6 +132,9 @@ class Metrics:
         self.in_model = Gauge("audit_requests_in_model",
                               "requests taken from the queue whose answer is not yet released",
                               registry=self.registry)
+        self.in_flight = Gauge("audit_http_requests_in_flight",
+                               "requests being handled, probes and scrapes aside (what the "
+                               "shutdown drain waits for)", registry=self.registry)
         self.checkpoint_age = Gauge("audit_checkpoint_age_seconds",
                                     "seconds since the latest checkpoint was sealed (NaN "
                                     "before the first)", registry=self.registry)

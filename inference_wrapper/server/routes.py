@@ -27,6 +27,7 @@ from inference_wrapper.server.appkeys import (
     INTEGRATOR,
     KEYS,
     LEDGER,
+    LIFECYCLE,
     METRICS,
     SETTINGS,
     SIGNER,
@@ -654,8 +655,12 @@ async def readiness_checks(app: web.Application) -> dict[str, bool]:
 async def readyz(request: web.Request) -> web.Response:
     checks = await readiness_checks(request.app)
     anchor_error = request.app[ANCHOR_WORKER].config_error
-    ready = all(checks.values())
+    # Not one of the checks: a planned stop is not downtime in the SLO history.
+    shutting_down = request.app[LIFECYCLE].shutting_down
+    ready = all(checks.values()) and not shutting_down
     body: dict[str, Any] = {"ready": ready, "checks": checks}
+    if shutting_down:
+        body["shutting_down"] = True
     if anchor_error is not None:
         body["anchor_error"] = anchor_error
     if checks["ledger_reachable"]:
@@ -741,7 +746,7 @@ RESPONSES: dict[str, dict[str, Any]] = {
     "readyz": _obj({"ready": {"type": "boolean"},
                     "checks": {"type": "object",
                                "additionalProperties": {"type": "boolean"}}},
-                   {"anchor_error": _STR,
+                   {"anchor_error": _STR, "shutting_down": {"const": True},
                     "replica": _obj({"id": _STR, "holds_lease": {"type": "boolean"},
                                      "last_seal_age_s": {"type": ["number", "null"]},
                                      "latest_sealed_by": {"type": ["string", "null"]},

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,26 @@ class Lifecycle:
     shutting_down: bool = False  # set at SIGTERM / shutdown start: new requests get 503
     dead_worker: str | None = None  # the first worker found dead, if any
     on_fatal: list[Callable[[str], None]] = field(default_factory=list)
+    in_flight: int = 0  # requests let past the shutdown gate and not yet answered
+    # Set whenever in_flight drops to 0: the shutdown drain waits on it, not on a timer.
+    _idle: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        """Count one request as in flight for as long as its handler runs."""
+        self.in_flight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
+
+    async def drained(self) -> None:
+        """Return once no request is in flight (at once if none is)."""
+        while self.in_flight:  # a loop: another may have started since the event was set
+            await self._idle.wait()
 
 
 class Supervisor:

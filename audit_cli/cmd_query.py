@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from audit_cli.evidence import add_source_options
+from audit_cli.evidence import add_source_options, one_source
 from audit_cli.filters import add_filter_options, filters_from
 from ledger.errors import InvalidInputError
 
@@ -27,6 +27,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 def _rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     since, until, filters = filters_from(args)
     rows: list[dict[str, Any]] = []
+    one_source(args, ("server", "db"))
     if args.db:
         from ledger.store.sql import SqlLedger
 

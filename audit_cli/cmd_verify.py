@@ -13,7 +13,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from audit_cli.evidence import add_key_option, add_source_options, open_source, pinned_verifier
+from audit_cli.evidence import (
+    add_key_option,
+    add_source_options,
+    one_source,
+    open_source,
+    pinned_verifier,
+)
 from audit_cli.options import print_json
 from ledger.checkpoint import Checkpoint, NoteVerifier
 from ledger.client.sources import RecordNotFoundError, gather
@@ -178,6 +184,7 @@ STATE_ATTEMPTS = 5
 
 
 def run(args: argparse.Namespace) -> int:
+    one_source(args)  # --bundle with --server or --db: which one was meant is unknown
     verifier = pinned_verifier(args)
     args.verifier_name = verifier.name  # the default origin (see _origin)
     policy = _policy(args)

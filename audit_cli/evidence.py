@@ -21,6 +21,19 @@ def add_source_options(parser: argparse.ArgumentParser, bundle: bool = True) -> 
         group.add_argument("--bundle", type=Path, help="an evidence bundle file")
 
 
+def one_source(args: argparse.Namespace,
+               names: tuple[str, ...] = ("server", "db", "bundle")) -> str | None:
+    """The evidence source given (None if none). Two at once contradict each other: a
+    usage error naming both, never one of them silently preferred."""
+    given = [name for name in names if getattr(args, name, None)]
+    if len(given) > 1:
+        others = " and ".join(f"--{name}" for name in given[1:])
+        choices = ", ".join(f"--{name}" for name in names)
+        raise InvalidInputError(f"--{given[0]}", f"cannot be combined with {others}: give "
+                                f"exactly one of {choices}")
+    return given[0] if given else None
+
+
 def add_key_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-key", default=os.environ.get("AUDIT_LEDGER_LOG_KEY"),
                         help="the pinned log verifier key (name+hash+key) or a file holding "
@@ -42,8 +55,7 @@ def pinned_verifier(args: argparse.Namespace) -> NoteVerifier:
 
 def open_source(args: argparse.Namespace) -> Any:
     """A server or database source; the caller closes ``.ledger`` if present."""
-    chosen = [name for name in ("server", "db", "bundle") if getattr(args, name, None)]
-    if len(chosen) != 1:
+    if one_source(args) is None:
         raise InvalidInputError("source", "give exactly one of --server, --db, --bundle")
     if args.server:
         from ledger.client.sources import ServerSource

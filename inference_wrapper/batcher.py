@@ -28,6 +28,7 @@ from inference_wrapper.generator import (
     PreparedRequest,
 )
 from ledger.errors import LedgerError, WorkerDiedError
+from ledger.vault_errors import ContentNotKeptError
 
 log = logging.getLogger(__name__)
 
@@ -246,17 +247,27 @@ class Batcher:
             )
             self._observe("append", time.perf_counter() - start)
             append_span = (start_ns, time.time_ns())
-            if self.retain is not None:
-                durable = [(j.request, o, r) for j, o, r in zip(batch, outputs, receipts,
-                                                                 strict=True)
-                           if not isinstance(r, BaseException)]
-                await loop.run_in_executor(self._audit_thread, self.retain, durable)
         except Exception as exc:
             self._finish(batch, exc)
             return
+        not_kept: Exception | None = None
+        if self.retain is not None:
+            durable = [(j.request, o, r) for j, o, r in zip(batch, outputs, receipts,
+                                                             strict=True)
+                       if not isinstance(r, BaseException)]
+            try:
+                await loop.run_in_executor(self._audit_thread, self.retain, durable)
+            except Exception as exc:
+                not_kept = exc
         for job, output, receipt in zip(batch, outputs, receipts, strict=True):
             if isinstance(receipt, BaseException):
                 self._finish([job], receipt)
+            elif not_kept is not None:
+                # Its record is committed, its content not kept: the error names the
+                # record (an Idempotency-Key then stays bound to it).
+                error = ContentNotKeptError(receipt.record_id)
+                error.__cause__ = not_kept
+                self._finish([job], error)
             else:
                 spans = {"parse": job.request.parse_span_ns,
                          "queue_wait": (job.enqueued_ns, result.spans_ns["tokenize"][0]),

@@ -57,7 +57,8 @@ class ContentNotKeptError(BackendError):
     """The record is durable, but the content its tenant's policy keeps could not be
     stored: the answer is withheld (the message is safe to show a client)."""
 
-    def __init__(self) -> None:
+    def __init__(self, record_id: str | None = None) -> None:
         super().__init__("the record was committed, but the content vault could not keep "
                          "its content as the tenant's policy requires, so no output is "
                          "returned")
+        self.record_id = record_id  # the committed record, once known

@@ -8,7 +8,12 @@ Without the header a request is submitted and awaited as before. With it:
 - a repeat with the same key and body gets the stored answer without generating again;
   a repeat with another body gets 422 naming the header;
 - a repeat while the first is still running waits for it (up to the request timeout,
-  then 504, and the caller may retry again); see docs/decisions/0016-supervised-workers.md.
+  then 504, and the caller may retry again); see docs/decisions/0016-supervised-workers.md;
+- once the record is committed the key is never released: if the answer is an error
+  (a ``CommittedProblem``, e.g. the content vault failed), that error is the stored
+  answer, and only a failure before the commit lets a retry generate (decision 22);
+- each claim has its own owner token: a request whose stale claim was taken over stores
+  and releases nothing when it finishes late.
 """
 
 from __future__ import annotations
@@ -17,12 +22,13 @@ import asyncio
 import hashlib
 import json
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
-from inference_wrapper.server.problems import Problem, invalid
+from inference_wrapper.server.problems import CommittedProblem, Problem, invalid
 from ledger.store.receipts import ReceiptStore, StoredReceipt
 
 log = logging.getLogger(__name__)
@@ -57,18 +63,20 @@ class Idempotency:
     def __init__(self, store: ReceiptStore, timeout_s: float) -> None:
         self.store = store
         self.timeout_s = timeout_s
+        # A pending claim this old was left by a process that died before answering.
+        self.stale_after_s = max(600.0, 10 * timeout_s)
         self._running: dict[tuple[str, str], asyncio.Task[Rendered]] = {}
         self._storing: set[asyncio.Task[Rendered]] = set()
 
     async def answer(self, request: web.Request, tenant: str, key: str, body: Any,
                      work: Callable[[], Awaitable[Rendered]]) -> web.Response:
         mark = fingerprint(request.path, body)
-        # A pending claim this old was left by a process that died before answering.
-        stale_after_s = max(600.0, 10 * self.timeout_s)
-        held = await asyncio.to_thread(self.store.claim, tenant, key, mark, stale_after_s)
+        owner = secrets.token_hex(16)  # this request's claim, not just its body's
+        held = await asyncio.to_thread(self.store.claim, tenant, key, mark,
+                                       self.stale_after_s, owner)
         if held is not None:
             return await self._repeat(request, tenant, key, mark, held)
-        task = asyncio.get_running_loop().create_task(self._run(tenant, key, work))
+        task = asyncio.get_running_loop().create_task(self._run(tenant, key, owner, work))
         self._running[(tenant, key)] = task
         self._storing.add(task)
         task.add_done_callback(self._forget)
@@ -88,29 +96,46 @@ class Idempotency:
         if self._storing:
             await asyncio.wait(list(self._storing), timeout=self.timeout_s)
 
-    async def _run(self, tenant: str, key: str,
+    async def _run(self, tenant: str, key: str, owner: str,
                    work: Callable[[], Awaitable[Rendered]]) -> Rendered:
         try:
             rendered = await work()
+        except CommittedProblem as problem:
+            # The record is committed: the key stays bound to it, and this error is its
+            # answer (a retry must not generate a second record).
+            await self._store(tenant, key, owner, {"problem": problem.to_dict()})
+            raise
         except BaseException:
             # Nothing was committed: let a retry generate.
             try:
-                await asyncio.to_thread(self.store.release, tenant, key)
+                if not await asyncio.to_thread(self.store.release, tenant, key, owner):
+                    log.warning("an idempotent request failed after another request took "
+                                "its stale key over; the key stays with that one")
             except Exception:  # the claim then goes stale and is taken over later
                 log.warning("could not release an idempotency key after a failure")
             raise
         finally:
-            self._running.pop((tenant, key), None)
+            if self._running.get((tenant, key)) is asyncio.current_task():
+                self._running.pop((tenant, key))
         # Stored when the record has committed, whether or not anybody still listens.
         body, headers = rendered
+        await self._store(tenant, key, owner, {"body": body, "headers": headers})
+        return rendered
+
+    async def _store(self, tenant: str, key: str, owner: str,
+                     response: dict[str, Any]) -> None:
         try:
-            await asyncio.to_thread(self.store.complete, tenant, key,
-                                    {"body": body, "headers": headers})
+            stored = await asyncio.to_thread(self.store.complete, tenant, key, owner,
+                                             response)
         except Exception:
             # The record is committed and a caller still waiting gets its answer; only
             # a retry cannot find it (it waits, then the claim goes stale).
             log.error("could not store the answer of an idempotent request")
-        return rendered
+            return
+        if not stored:
+            # Its stale claim was taken over: the taker's claim and answer are kept.
+            log.warning("the answer of an idempotent request was not stored: another "
+                        "request took its stale key over")
 
     async def _wait(self, task: asyncio.Task[Rendered]) -> Rendered:
         # shield: a caller that times out or leaves does not cancel the work.
@@ -121,12 +146,12 @@ class Idempotency:
         if held.fingerprint != mark:
             raise invalid(HEADER, "was already used with a different request body")
         if held.state == "done" and held.response is not None:
-            return _response((held.response["body"], held.response["headers"]))
+            return _stored(held.response)
         running = self._running.get((tenant, key))
         if running is not None:  # the first request is running in this process
             try:
                 return _response(await self._wait(running))
-            except TimeoutError:
+            except (TimeoutError, CommittedProblem):
                 raise
             except Exception:
                 # The first one failed and released the key; this repeat does not retry
@@ -145,10 +170,18 @@ class Idempotency:
                 raise Problem(409, "Conflict", "the request first sent with this "
                               "Idempotency-Key failed; send it again", field=HEADER)
             if found.state == "done" and found.response is not None:
-                return _response((found.response["body"], found.response["headers"]))
+                return _stored(found.response)
         raise TimeoutError
 
 
 def _response(rendered: Rendered) -> web.Response:
     body, headers = rendered
     return web.json_response(body, headers=headers)
+
+
+def _stored(response: dict[str, Any]) -> web.Response:
+    """A stored answer again: the original answer, or the error it was after its record
+    committed."""
+    if "problem" in response:
+        raise CommittedProblem.from_dict(response["problem"])
+    return _response((response["body"], response["headers"]))

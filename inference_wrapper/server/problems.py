@@ -70,6 +70,40 @@ class Problem(Exception):
         return web.json_response(body, status=status, headers=self.headers)
 
 
+class CommittedProblem(Problem):
+    """An error answer for a request whose audit record is committed (e.g. the content
+    vault could not keep its content): it names the record. Under an Idempotency-Key it
+    is the key's stored outcome, so a retry gets it again instead of a second record."""
+
+    def __init__(self, status: int, title: str, detail: str, record_id: str, *,
+                 headers: dict[str, str] | None = None, code: str | None = None) -> None:
+        super().__init__(status, title, detail, headers=headers, code=code)
+        self.record_id = record_id
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "title": self.title, "detail": self.detail,
+                "record_id": self.record_id, "headers": self.headers, "code": self.code}
+
+    @classmethod
+    def from_dict(cls, stored: dict[str, Any]) -> CommittedProblem:
+        return cls(int(stored["status"]), str(stored["title"]), str(stored["detail"]),
+                   str(stored["record_id"]), headers=dict(stored.get("headers") or {}),
+                   code=stored.get("code"))
+
+    def response(self, instance: str | None = None) -> web.Response:
+        response = super().response(instance)
+        response.text = json.dumps(json.loads(response.text or "{}")
+                                   | {"record_id": self.record_id})
+        return response
+
+    def openai_response(self) -> web.Response:
+        response = super().openai_response()
+        body = json.loads(response.text or "{}")
+        body["error"]["record_id"] = self.record_id
+        response.text = json.dumps(body)
+        return response
+
+
 def invalid(field: str, detail: str, status: int = 422, code: str | None = None) -> Problem:
     return Problem(status, "Invalid request", detail, field=field, code=code)
 

@@ -44,7 +44,7 @@ from inference_wrapper.server.content import (
     subject_from,
 )
 from inference_wrapper.server.idempotency import Rendered, key_from
-from inference_wrapper.server.problems import Problem, invalid
+from inference_wrapper.server.problems import CommittedProblem, Problem, invalid
 from inference_wrapper.server.replica import replica_status
 from inference_wrapper.server.streaming import stream_answer
 from inference_wrapper.server.validation import (
@@ -270,8 +270,13 @@ async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
         transport = request.transport
         return transport is not None and not transport.is_closing()
 
+    idempotency_key = key_from(request)
+
     async def work() -> Rendered:
-        answer = await batcher.submit(prepared, caller_alive)
+        try:
+            answer = await batcher.submit(prepared, caller_alive)
+        except ContentNotKeptError as exc:
+            raise _not_kept(exc, idempotent=idempotency_key is not None) from exc
         tracer.record(f"{request.method} {request.path}", answer.spans_ns, {
             "audit.record_id": answer.receipt.record_id,
             "audit.leaf_index": answer.receipt.leaf_index,
@@ -279,7 +284,6 @@ async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
         return render(answer)
 
     try:
-        idempotency_key = key_from(request)
         if idempotency_key is not None:
             return await request.app[IDEMPOTENCY].answer(request, key.tenant, idempotency_key,
                                                          body, work)
@@ -291,9 +295,6 @@ async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
         raise Problem(503, "Service Unavailable", str(exc), headers={"Retry-After": "5"}) from exc
     except TimeoutError as exc:
         raise Problem(504, "Gateway Timeout", "generation did not finish in time") from exc
-    except ContentNotKeptError as exc:
-        raise Problem(http_status_for(exc), "Service Unavailable", str(exc),
-                      headers={"Retry-After": "1"}) from exc
     except CallerGoneError as exc:  # nobody reads this answer; it keeps the log clean
         raise Problem(503, "Service Unavailable", "the request was dropped before it ran: "
                       "its caller went away", headers={"Retry-After": "1"}) from exc
@@ -303,6 +304,23 @@ async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
         raise Problem(http_status_for(exc), "Service Unavailable",
                       "the audit record could not be committed, so no output is returned",
                       headers={"Retry-After": "1"}) from exc
+
+
+def _not_kept(error: ContentNotKeptError, idempotent: bool) -> Problem:
+    """No output: the record is committed but its content could not be kept."""
+    status = http_status_for(error)
+    if error.record_id is None:
+        return Problem(status, "Service Unavailable", str(error), headers={"Retry-After": "1"})
+    if not idempotent:  # sending it again generates again, with a new record
+        return CommittedProblem(status, "Service Unavailable", str(error), error.record_id,
+                                headers={"Retry-After": "1"})
+    # The key is bound to this record for good: the same key answers the same again, so
+    # no Retry-After (decision 22).
+    return CommittedProblem(
+        status, "Service Unavailable",
+        f"{error} (record {error.record_id}); this Idempotency-Key stays bound to that "
+        "record and answers the same again: send the request with a new key to generate "
+        "again", error.record_id)
 
 
 def _params(request: web.Request, body: dict[str, Any], tokens_field: str,
@@ -801,10 +819,11 @@ PROBLEM_SCHEMA = {"type": "object", "required": ["type", "title", "status", "det
                   "properties": {
                       "type": _STR, "title": _STR, "status": {"type": "integer"},
                       "detail": _STR, "field": _STR, "code": _STR, "instance": _STR,
-                      "request_id": _STR}}
+                      "request_id": _STR, "record_id": _STR}}
+# record_id: the committed record of a request answered with an error (content not kept).
 OPENAI_ERROR_SCHEMA = _obj({"error": _obj({
     "message": _STR, "type": _STR, "param": {"type": ["string", "null"]},
-    "code": {"type": ["string", "null"]}})})
+    "code": {"type": ["string", "null"]}}, {"record_id": _STR})})
 
 _QUERY_SCHEMAS: dict[str, dict[str, Any]] = {
     "limit": {"type": "integer", "minimum": 1, "maximum": MAX_RECORDS_LIMIT},

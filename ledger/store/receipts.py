@@ -5,6 +5,10 @@ generates; when its record commits, the whole answer, salts included, is stored 
 ``done``) whether or not the caller is still listening. A retry with the same key and
 body gets that answer; a different body is refused. Rows expire after a TTL and are
 purged; this table is never part of the log or the mirror.
+
+Each claim carries an owner token. Completing and releasing are compare-and-set on it: a
+request whose stale claim was taken over by another one finds, when it finishes late,
+that it no longer owns the key, and changes nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ class StoredReceipt:
     state: str  # "pending" or "done"
     response: dict[str, Any] | None
     created_at: datetime
+    owner: str | None = None
 
 
 def _now() -> datetime:
@@ -37,16 +42,17 @@ class ReceiptStore:
         self.engine = engine
         self.ttl = timedelta(seconds=ttl_s)
 
-    def claim(self, tenant: str, key: str, fingerprint: bytes,
-              stale_after_s: float) -> StoredReceipt | None:
-        """Claim ``key`` for a new request: None if claimed, else the row that holds it.
+    def claim(self, tenant: str, key: str, fingerprint: bytes, stale_after_s: float,
+              owner: str) -> StoredReceipt | None:
+        """Claim ``key`` for a new request as ``owner``: None if claimed, else the row that
+        holds it.
 
         An expired row, or a ``pending`` one older than ``stale_after_s`` (its process
-        died before answering), is taken over.
+        died before answering), is taken over: it then belongs to ``owner``.
         """
         now = _now()
         values = {"fingerprint": fingerprint, "state": "pending", "response": None,
-                  "created_at": now, "expires_at": now + self.ttl}
+                  "created_at": now, "expires_at": now + self.ttl, "owner": owner}
         try:
             with self.engine.begin() as conn:
                 conn.execute(insert(receipts).values(tenant=tenant, idempotency_key=key,
@@ -67,7 +73,7 @@ class ReceiptStore:
             return None
         found = self.get(tenant, key)
         if found is None:  # purged between the two statements: try once more
-            return self.claim(tenant, key, fingerprint, stale_after_s)
+            return self.claim(tenant, key, fingerprint, stale_after_s, owner)
         return found
 
     def get(self, tenant: str, key: str) -> StoredReceipt | None:
@@ -78,21 +84,26 @@ class ReceiptStore:
             return None
         return StoredReceipt(bytes(row.fingerprint), row.state,
                              json.loads(row.response) if row.response else None,
-                             row.created_at)
+                             row.created_at, row.owner)
 
-    def complete(self, tenant: str, key: str, response: dict[str, Any]) -> None:
-        """Store the answer of a claimed key (its record is committed)."""
+    def complete(self, tenant: str, key: str, owner: str, response: dict[str, Any]) -> bool:
+        """Store the answer of a key ``owner`` still holds pending (its record is
+        committed). False, and nothing changed, if the claim is no longer ``owner``'s."""
         with self.engine.begin() as conn:
-            conn.execute(update(receipts).where(
-                receipts.c.tenant == tenant, receipts.c.idempotency_key == key)
-                .values(state="done", response=json.dumps(response)))
-
-    def release(self, tenant: str, key: str) -> None:
-        """Give a pending claim up (nothing was committed): a retry may generate."""
-        with self.engine.begin() as conn:
-            conn.execute(delete(receipts).where(
+            done = conn.execute(update(receipts).where(
                 receipts.c.tenant == tenant, receipts.c.idempotency_key == key,
-                receipts.c.state == "pending"))
+                receipts.c.owner == owner, receipts.c.state == "pending")
+                .values(state="done", response=json.dumps(response))).rowcount
+        return bool(done)
+
+    def release(self, tenant: str, key: str, owner: str) -> bool:
+        """Give up a pending claim ``owner`` still holds (nothing was committed): a retry
+        may generate. False, and nothing changed, if the claim is no longer ``owner``'s."""
+        with self.engine.begin() as conn:
+            gone = conn.execute(delete(receipts).where(
+                receipts.c.tenant == tenant, receipts.c.idempotency_key == key,
+                receipts.c.owner == owner, receipts.c.state == "pending")).rowcount
+        return bool(gone)
 
     def purge(self) -> int:
         """Delete every expired row; returns how many."""

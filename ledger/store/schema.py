@@ -189,6 +189,9 @@ receipts = Table(
     Column("response", Text, nullable=True),  # the JSON answer once done
     Column("created_at", DateTime, nullable=False),
     Column("expires_at", DateTime, nullable=False),
+    # A random token per claim: only its holder may complete or release it (a stale
+    # claim taken over by another request gets a new one).
+    Column("owner", String(32), nullable=True),
     PrimaryKeyConstraint("tenant", "idempotency_key", name="pk_receipts"),
     Index("ix_receipts_expires_at", "expires_at"),
 )

@@ -4,7 +4,9 @@ policy keeps cannot be stored."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +19,40 @@ from inference_wrapper.server.settings import Settings
 MakeClient = Callable[..., Awaitable[Any]]
 
 
-@pytest.fixture()
-async def service(aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: Any) -> Any:
+class CountingGenerator:
+    """The tiny generator, counting the requests that reach the model."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.generated = 0
+        self.gate = threading.Event()  # generation waits until the test opens it
+        self.gate.set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def run_batch(self, requests: Sequence[Any], min_length: int = 0) -> Any:
+        self.generated += len(requests)
+        assert self.gate.wait(120), "the test never opened the gate"
+        return self.inner.run_batch(requests, min_length)
+
+
+async def _start(aiohttp_client: MakeClient, tmp_path: Path, generator: Any) -> Any:
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'ledger.db'}",
                         log_key_path=tmp_path / "log.key", keyring_path=tmp_path / "keyring",
                         max_wait_ms=20.0, checkpoint_interval_s=0.1)
-    app = create_app(settings, tiny_generator)
+    app = create_app(settings, generator)
     client = await aiohttp_client(app)
     keys = app[KEYS]
     tokens = {"client": keys.create("bank-a", "client")[0],
               "admin": keys.create("bank-a", "admin")[0],
               "auditor": keys.create("audit-firm", "auditor")[0]}
     return client, app, tokens
+
+
+@pytest.fixture()
+async def service(aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: Any) -> Any:
+    return await _start(aiohttp_client, tmp_path, tiny_generator)
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -109,3 +133,93 @@ async def test_erasure_also_forgets_the_stored_idempotent_answer(service: Any) -
     again = await (await client.post("/v1/generate", json=body, headers=headers)).json()
     assert again["record_id"] != first["record_id"]
     assert again["input_salt"] != first["input_salt"]
+
+
+def _break_the_vault(app: Any) -> None:
+    """Content for bank-a must be kept, and the vault's table is gone: a real failure
+    after the record commits."""
+    app[VAULT].set_policy("bank-a", "content", 183)
+    with app[LEDGER].engine.begin() as conn:
+        conn.execute(text("DROP TABLE vault_content"))
+
+
+async def test_a_retry_after_the_vault_failed_gets_the_same_answer_and_no_second_record(
+    aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: Any
+) -> None:
+    counted = CountingGenerator(tiny_generator)
+    client, app, tokens = await _start(aiohttp_client, tmp_path, counted)
+    _break_the_vault(app)
+    body = {"prompt": "pay invoice 9", "max_new_tokens": 2}
+    headers = {**bearer(tokens["client"]), "Idempotency-Key": "invoice-9"}
+    first = await client.post("/v1/generate", json=body, headers=headers)
+    problem = await first.json()
+    assert first.status == 503 and "output" not in problem and "input_salt" not in problem
+    assert app[LEDGER].tree_head()[0] == 1  # the record is committed, its content not kept
+    again = await client.post("/v1/generate", json=body, headers=headers)
+    replay = await again.json()
+    assert counted.generated == 1  # not generated again
+    assert app[LEDGER].tree_head()[0] == 1  # the one record, no second one
+    # The retry answers what the first request answered, naming the committed record.
+    assert again.status == 503
+    differs = {"request_id"}  # each request has its own
+    assert ({k: v for k, v in replay.items() if k not in differs}
+            == {k: v for k, v in problem.items() if k not in differs})
+    record_id = problem["record_id"]
+    assert app[LEDGER].get_record(record_id) is not None
+    assert "content vault could not keep its content" in problem["detail"]
+    assert "stays bound" in problem["detail"] and record_id in problem["detail"]
+    # Retrying with this key changes nothing: no Retry-After.
+    assert "Retry-After" not in first.headers and "Retry-After" not in again.headers
+    # Without a key a request is new each time: it may be retried (and makes a record).
+    plain = await client.post("/v1/generate", json=body, headers=bearer(tokens["client"]))
+    assert plain.status == 503 and plain.headers["Retry-After"] == "1"
+    assert (await plain.json())["record_id"] != record_id
+    assert counted.generated == 2 and app[LEDGER].tree_head()[0] == 2
+
+
+async def test_the_openai_client_retrying_a_vault_failure_makes_one_record(
+    aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: Any
+) -> None:
+    from openai import APIStatusError, AsyncOpenAI
+
+    counted = CountingGenerator(tiny_generator)
+    client, app, tokens = await _start(aiohttp_client, tmp_path, counted)
+    _break_the_vault(app)
+    openai = AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key=tokens["client"],
+                         max_retries=2)  # it retries a 503 with the same key
+    with pytest.raises(APIStatusError) as caught:
+        await openai.completions.create(
+            model="tiny-llama", prompt="Transfer 100 to account", max_tokens=2,
+            extra_headers={"Idempotency-Key": "transfer-100"})
+    await openai.close()
+    assert counted.generated == 1 and app[LEDGER].tree_head()[0] == 1  # three tries, one record
+    error = caught.value
+    assert error.status_code == 503
+    assert isinstance(error.body, dict) and error.body["type"] == "server_error"
+    record_id = error.body["record_id"]
+    assert "content vault could not keep its content" in error.body["message"]
+    assert app[LEDGER].get_record(record_id) is not None
+
+
+async def test_a_repeat_sent_while_the_first_runs_gets_its_answer_after_the_vault_failed(
+    aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: Any
+) -> None:
+    counted = CountingGenerator(tiny_generator)
+    client, app, tokens = await _start(aiohttp_client, tmp_path, counted)
+    _break_the_vault(app)
+    counted.gate.clear()
+    body = {"prompt": "pay invoice 10", "max_new_tokens": 2}
+    headers = {**bearer(tokens["client"]), "Idempotency-Key": "invoice-10"}
+    first = asyncio.ensure_future(client.post("/v1/generate", json=body, headers=headers))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while counted.generated == 0:  # the first one is in the model: the key is claimed
+        assert loop.time() < deadline, "the first request never reached the model"
+        await asyncio.sleep(0.01)
+    repeat = asyncio.ensure_future(client.post("/v1/generate", json=body, headers=headers))
+    await asyncio.sleep(0)  # (whether the repeat waits or finds it stored, it answers alike)
+    counted.gate.set()
+    one, two = await first, await repeat
+    assert counted.generated == 1 and app[LEDGER].tree_head()[0] == 1
+    assert one.status == two.status == 503
+    assert (await one.json())["record_id"] == (await two.json())["record_id"]

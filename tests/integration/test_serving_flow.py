@@ -217,6 +217,38 @@ async def test_openai_client_retrying_a_timed_out_request_makes_one_record_and_g
                               completion.choices[0].text)
 
 
+async def test_a_late_first_request_does_not_overwrite_the_claim_that_took_over_its_key(
+    aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any,
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    gated = GatedGenerator(tiny_generator)
+    client, app, token = await _start(aiohttp_client, settings, gated)
+    idempotency = app[IDEMPOTENCY]
+    headers = bearer(token, **{"Idempotency-Key": "slow-17"})
+    body = {"prompt": "pay invoice 17", "max_new_tokens": 3}
+    first = asyncio.ensure_future(client.post("/v1/generate", json=body, headers=headers))
+    await _until(lambda: gated.batches == [1], "the first request in the model")
+    held = idempotency.store.get("bank-a", "slow-17")
+    assert held is not None and held.state == "pending"
+    # Its claim counts as stale now (as if its process had died): the next one takes over.
+    idempotency.stale_after_s = -1.0
+    second = asyncio.ensure_future(client.post("/v1/generate", json=body, headers=headers))
+
+    def taken_over() -> bool:
+        found = idempotency.store.get("bank-a", "slow-17")
+        return found is not None and found.owner != held.owner
+
+    await _until(taken_over, "the second request to take the key over")
+    idempotency.stale_after_s = 600.0
+    gated.gate.set()
+    late, taker = await (await first).json(), await (await second).json()
+    assert late["record_id"] != taker["record_id"]  # a takeover generates again
+    # The late first one stored nothing over the taker's claim: a retry gets the taker's.
+    again = await client.post("/v1/generate", json=body, headers=headers)
+    assert await again.json() == taker
+    assert "another request took its stale key over" in caplog.text
+
+
 # --- streaming ----------------------------------------------------------------------------
 
 
@@ -348,14 +380,14 @@ def test_expired_receipts_are_purged(settings: Settings) -> None:
     upgrade(settings.database_url)
     engine = make_engine(settings.database_url)
     kept, expired = ReceiptStore(engine), ReceiptStore(engine, ttl_s=-1)
-    assert kept.claim("bank-a", "k1", b"x" * 32, stale_after_s=600) is None
-    assert expired.claim("bank-a", "k2", b"y" * 32, stale_after_s=600) is None
-    expired.complete("bank-a", "k2", {"body": {"salt": "ab"}, "headers": {}})
+    assert kept.claim("bank-a", "k1", b"x" * 32, stale_after_s=600, owner="a") is None
+    assert expired.claim("bank-a", "k2", b"y" * 32, stale_after_s=600, owner="b") is None
+    assert expired.complete("bank-a", "k2", "b", {"body": {"salt": "ab"}, "headers": {}})
     assert kept.purge() == 1
     assert kept.get("bank-a", "k2") is None
     held = kept.get("bank-a", "k1")
     assert held is not None and held.state == "pending"
     # The same key again, other body: the holder is returned to the caller to compare.
-    again = kept.claim("bank-a", "k1", b"z" * 32, stale_after_s=600)
+    again = kept.claim("bank-a", "k1", b"z" * 32, stale_after_s=600, owner="c")
     assert again is not None and again.fingerprint == b"x" * 32
     engine.dispose()

@@ -247,3 +247,39 @@ def test_integrator_seals_on_interval(ledger_url: str, signer: NoteSigner) -> No
         integrator.stop()
         assert ledger.latest_checkpoint() is not None
         assert ledger.latest_checkpoint().size == 1  # type: ignore[union-attr]
+
+
+def test_a_late_owner_of_a_taken_over_claim_neither_stores_nor_releases(
+        ledger_url: str) -> None:
+    from ledger.store.receipts import ReceiptStore
+    from ledger.store.sql import make_engine
+
+    engine = make_engine(ledger_url)
+    store = ReceiptStore(engine)
+    mark = b"m" * 32
+    assert store.claim("bank-a", "k", mark, stale_after_s=600, owner="a") is None
+    # Still fresh: B is handed A's claim to wait on, not the key.
+    held = store.claim("bank-a", "k", mark, stale_after_s=600, owner="b")
+    assert held is not None and held.owner == "a" and held.state == "pending"
+    # Stale: any claim made before now + 1 s is stale, so B takes it over without any
+    # waiting on the clock.
+    assert store.claim("bank-a", "k", mark, stale_after_s=-1, owner="b") is None
+    # A finishes late: neither its answer nor its failure touches B's claim.
+    assert store.complete("bank-a", "k", "a", {"body": {"from": "a"}, "headers": {}}) is False
+    assert store.release("bank-a", "k", "a") is False
+    kept = store.get("bank-a", "k")
+    assert kept is not None and (kept.owner, kept.state, kept.response) == ("b", "pending", None)
+    assert store.complete("bank-a", "k", "b", {"body": {"from": "b"}, "headers": {}}) is True
+    done = store.get("bank-a", "k")
+    assert done is not None and done.state == "done" and done.response is not None
+    assert done.response["body"] == {"from": "b"}
+    # A done answer is kept: neither a late release nor a second completion replaces it.
+    assert store.release("bank-a", "k", "a") is False
+    assert store.release("bank-a", "k", "b") is False
+    assert store.complete("bank-a", "k", "b", {"body": {"from": "b2"}, "headers": {}}) is False
+    again = store.get("bank-a", "k")
+    assert again is not None and again.response == done.response
+    # The owner of a pending claim releases it: a retry may generate.
+    assert store.claim("bank-a", "k2", mark, stale_after_s=600, owner="c") is None
+    assert store.release("bank-a", "k2", "c") is True and store.get("bank-a", "k2") is None
+    engine.dispose()

@@ -137,6 +137,36 @@ async def test_bundle_verifies_offline_and_names_each_record(
     assert code == 0 and one["verified"]
 
 
+async def test_two_evidence_sources_at_once_are_a_usage_error_naming_both(
+    service: Service, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    answer = await service.generate()
+    service.seal()
+    bundle = tmp_path / "evidence.json"
+    db = service.settings.database_url
+    assert (await cli(capsys, "export", "--db", db, "--bundle", str(bundle)))[0] == 0
+    key = ("--log-key", service.log_key, *SELF)
+    assert (await cli(capsys, "verify", "--bundle", str(bundle), *key, "--json"))[0] == 0
+    # Each source alone verifies; together, which one was meant is unknown.
+    for extra in (("--server", service.url, "--api-key", service.auditor), ("--db", db)):
+        code, result = await cli(capsys, "verify", answer["record_id"], "--bundle",
+                                 str(bundle), *extra, *key, "--json")
+        assert code == 2, result
+        error = result["error"]
+        assert error["exit_code"] == 2 and error["field"] in ("--server", "--db")
+        assert extra[0] in error["message"] and "--bundle" in error["message"]
+        code, text = await cli(capsys, "verify", "--bundle", str(bundle), *extra, *key)
+        assert code == 2 and extra[0] in text and "--bundle" in text
+    code, result = await cli(capsys, "verify", answer["record_id"], "--server", service.url,
+                             "--api-key", service.auditor, "--db", db, *key, "--json")
+    assert code == 2 and "--server" in result["error"]["message"]
+    assert "--db" in result["error"]["message"]
+    code, result = await cli(capsys, "query", "--server", service.url, "--api-key",
+                             service.auditor, "--db", db, "--json")
+    assert code == 2 and "--server" in result["error"]["message"]
+    assert "--db" in result["error"]["message"]
+
+
 async def test_one_changed_byte_in_the_record_fails_check_1(
     service: Service, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,6 +10,7 @@ import functools
 import json
 import math
 import re
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,7 +159,37 @@ def _utf16_key(item: tuple[str, Any]) -> bytes:
 
 
 def canonical_object(members: dict[str, Any]) -> bytes:
-    """Canonical bytes of an object whose member values may be ``Canonical``."""
+    """Canonical bytes of an object whose member values may be ``Canonical``.
+
+    One encoding of the whole object, with each ``Canonical`` member standing in as a
+    placeholder string that is then replaced by its bytes. A placeholder holds 128 random
+    bits drawn per process, so no caller's string can spell it by chance; should one
+    appear anyway (it must occur exactly once), the object is built member by member.
+    """
+    spliced = {key: value for key, value in members.items() if isinstance(value, Canonical)}
+    if not spliced:
+        return canonical_bytes(members)
+    stand_ins = {key: _PLACEHOLDER + key for key in spliced}
+    if all(key.isascii() and key.isidentifier() for key in stand_ins):
+        data = canonical_bytes({key: stand_ins.get(key, value)
+                                for key, value in members.items()})
+        for key, value in spliced.items():
+            quoted = b'"' + stand_ins[key].encode("ascii") + b'"'
+            if data.count(quoted) != 1:
+                break
+            data = data.replace(quoted, value.data)
+        else:
+            return data
+    return _object_by_members(members)
+
+
+# Placeholders of ``canonical_object``: letters only, so they never need escaping and never
+# look like a number to ``canonical_bytes``'s fast path.
+_PLACEHOLDER = "canonical-splice-{}-".format(
+    secrets.token_hex(16).translate(str.maketrans("0123456789", "ghijklmnop")))
+
+
+def _object_by_members(members: dict[str, Any]) -> bytes:
     parts = []
     for key, value in sorted(members.items(), key=_utf16_key):
         encoded = value.data if isinstance(value, Canonical) else canonical_bytes(value)

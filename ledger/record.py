@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -41,7 +40,8 @@ def new_record_id(now_ms: int | None = None) -> str:
     value |= ((rand >> 68) & 0xFFF) << 64  # rand_a, 12 bits
     value |= 0b10 << 62  # variant
     value |= rand & ((1 << 62) - 1)  # rand_b, 62 bits
-    return str(uuid.UUID(int=value))
+    hexed = f"{value:032x}"  # uuid.UUID's own formatting, without building one
+    return f"{hexed[:8]}-{hexed[8:12]}-{hexed[12:16]}-{hexed[16:20]}-{hexed[20:]}"
 
 
 def utc_timestamp(moment: datetime | None = None) -> str:

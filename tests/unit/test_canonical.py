@@ -56,10 +56,22 @@ def test_spliced_sections_equal_whole_canonicalization() -> None:
     assert canonical_object(members) == canonical_bytes(plain)
 
 
+def test_splicing_survives_a_value_that_spells_a_placeholder() -> None:
+    from ledger import canonical
+    from ledger.canonical import Canonical, canonical_object
+
+    section = Canonical.of({"gpu": "H200"})
+    clash = canonical._PLACEHOLDER + "hardware"  # what no caller can guess, given anyway
+    members = {"hardware": section, "data": {"stop": [clash]}, "tenant": "a"}
+    plain = {"hardware": {"gpu": "H200"}, "data": {"stop": [clash]}, "tenant": "a"}
+    assert canonical_object(members) == canonical_bytes(plain)
+    assert canonical_object({"b": Canonical.of([1]), "a": 2}) == b'{"a":2,"b":[1]}'
+
+
 # --- the fast path (C JSON encoder) against the reference implementation ------------------
 
 import rfc8785  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 _SAFE = 2**53 - 1
@@ -119,3 +131,16 @@ def test_spellings_the_fast_path_hands_to_the_reference(value: object, expected:
 def test_fast_path_refusals_are_canonical_form_errors(bad: object, message: str) -> None:
     with pytest.raises(CanonicalFormError, match=message):
         canonical_bytes(bad)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.dictionaries(st.text(max_size=4), st.tuples(st.booleans(), json_values), max_size=6))
+def test_spliced_objects_equal_whole_canonicalization(members: dict) -> None:  # type: ignore[type-arg]
+    from ledger.canonical import Canonical, canonical_object
+
+    plain = {key: value for key, (_, value) in members.items()}
+    expected = _reference(plain)
+    assume(expected is not None)  # refusals are the fast-path test's business
+    wrapped = {key: Canonical.of(value) if wrap else value
+               for key, (wrap, value) in members.items()}
+    assert canonical_object(wrapped) == expected

@@ -72,34 +72,44 @@ class Problem(Exception):
 
 class CommittedProblem(Problem):
     """An error answer for a request whose audit record is committed (e.g. the content
-    vault could not keep its content): it names the record. Under an Idempotency-Key it
-    is the key's stored outcome, so a retry gets it again instead of a second record."""
+    vault could not keep its content): it names the record, and a streamed request's
+    start record too. Under an Idempotency-Key it is the key's stored outcome, so a retry
+    gets it again instead of a second record."""
 
     def __init__(self, status: int, title: str, detail: str, record_id: str, *,
-                 headers: dict[str, str] | None = None, code: str | None = None) -> None:
+                 headers: dict[str, str] | None = None, code: str | None = None,
+                 stream_start_record_id: str | None = None) -> None:
         super().__init__(status, title, detail, headers=headers, code=code)
         self.record_id = record_id
+        self.stream_start_record_id = stream_start_record_id
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "title": self.title, "detail": self.detail,
-                "record_id": self.record_id, "headers": self.headers, "code": self.code}
+                "record_id": self.record_id, "headers": self.headers, "code": self.code,
+                "stream_start_record_id": self.stream_start_record_id}
 
     @classmethod
     def from_dict(cls, stored: dict[str, Any]) -> CommittedProblem:
         return cls(int(stored["status"]), str(stored["title"]), str(stored["detail"]),
                    str(stored["record_id"]), headers=dict(stored.get("headers") or {}),
-                   code=stored.get("code"))
+                   code=stored.get("code"),
+                   stream_start_record_id=stored.get("stream_start_record_id"))
+
+    def _records(self) -> dict[str, str]:
+        records = {"record_id": self.record_id}
+        if self.stream_start_record_id is not None:
+            records["stream_start_record_id"] = self.stream_start_record_id
+        return records
 
     def response(self, instance: str | None = None) -> web.Response:
         response = super().response(instance)
-        response.text = json.dumps(json.loads(response.text or "{}")
-                                   | {"record_id": self.record_id})
+        response.text = json.dumps(json.loads(response.text or "{}") | self._records())
         return response
 
     def openai_response(self) -> web.Response:
         response = super().openai_response()
         body = json.loads(response.text or "{}")
-        body["error"]["record_id"] = self.record_id
+        body["error"] |= self._records()
         response.text = json.dumps(body)
         return response
 

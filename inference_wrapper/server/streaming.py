@@ -6,6 +6,11 @@ request's completed record (output commitment, naming the start record) is commi
 before the final chunk, which carries the receipt. Generation runs to completion in the
 batcher before the first chunk is sent (no token-by-token streaming from the model yet);
 see docs/decisions/0017-streaming-records.md.
+
+So every failure comes before the response headers and is an ordinary error answer
+(OpenAI's error object), never an event inside the stream. Once the start record is
+committed, an error says what else the log holds: a record whose content the vault could
+not keep is named (``record_id``, ``stream_start_record_id``), as without streaming.
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ from aiohttp import web
 from inference_wrapper.batcher import Answer, QueueFullError, ShuttingDownError
 from inference_wrapper.generator import PreparedRequest
 from inference_wrapper.server.appkeys import BATCHER, GENERATOR, LEDGER, SETTINGS
-from inference_wrapper.server.problems import Problem
+from inference_wrapper.server.problems import CommittedProblem, Problem
+from ledger.error_map import http_status_for
 from ledger.errors import BackendError
+from ledger.vault_errors import ContentNotKeptError
 
 log = logging.getLogger(__name__)
 _PIECE = re.compile(r"\s*\S+\s*|\s+")  # words with their spacing: chunk boundaries
@@ -43,6 +50,11 @@ async def stream_answer(request: web.Request, prepared: PreparedRequest, model: 
     start = generator.stream_start(prepared, request.path)
     try:
         started = await ledger.append_async(start)
+    except BackendError as exc:  # nothing is in the log; its text may hold SQL: not sent
+        raise Problem(503, "Service Unavailable", "the audit record could not be committed, "
+                      "so no output is returned", headers={"Retry-After": "1"}) from exc
+    # Errors from here on leave the start record in the log: each says what else is there.
+    try:
         answer = await asyncio.wait_for(batcher.submit(replace(prepared,
                                                                stream_start_id=start.record_id)),
                                         app[SETTINGS].request_timeout_s)
@@ -52,9 +64,12 @@ async def stream_answer(request: web.Request, prepared: PreparedRequest, model: 
         raise Problem(503, "Service Unavailable", str(exc), headers={"Retry-After": "5"}) from exc
     except TimeoutError as exc:
         raise Problem(504, "Gateway Timeout", "generation did not finish in time") from exc
+    except ContentNotKeptError as exc:  # before BackendError: its record did commit
+        raise not_kept(exc, start.record_id) from exc
     except BackendError as exc:
         raise Problem(503, "Service Unavailable", "the audit record could not be committed, "
-                      "so no output is returned", headers={"Retry-After": "1"}) from exc
+                      "so no output is returned (only the request's stream start record "
+                      f"{start.record_id} is in the log)", headers={"Retry-After": "1"}) from exc
 
     # Both records are durable from here on: the chunks may leave.
     chat = kind == "chat.completion"
@@ -102,6 +117,19 @@ async def stream_answer(request: web.Request, prepared: PreparedRequest, model: 
         # final chunk never reached it (decision 17).
         log.info("a streamed answer's caller left before the end")
     return response
+
+
+def not_kept(error: ContentNotKeptError, start_id: str) -> Problem:
+    """Both records are committed, the content was not kept: no chunk leaves (no output,
+    no salts, as without streaming), and the error names both records. Streams take no
+    Idempotency-Key, so a retry is a new request: ``Retry-After`` stays."""
+    status = http_status_for(error)
+    if error.record_id is None:
+        return Problem(status, "Service Unavailable", str(error), headers={"Retry-After": "1"})
+    return CommittedProblem(status, "Service Unavailable",
+                            f"{error} (record {error.record_id}, stream start record "
+                            f"{start_id})", error.record_id, headers={"Retry-After": "1"},
+                            stream_start_record_id=start_id)
 
 
 def stream_receipt(answer: Answer, start_id: str, start_index: int) -> dict[str, Any]:

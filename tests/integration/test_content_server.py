@@ -5,6 +5,7 @@ policy keeps cannot be stored."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -15,6 +16,7 @@ from sqlalchemy import text
 
 from inference_wrapper.server.app import KEYS, LEDGER, VAULT, create_app
 from inference_wrapper.server.settings import Settings
+from ledger.stream_record import STREAM_START_SCHEMA
 
 MakeClient = Callable[..., Awaitable[Any]]
 
@@ -223,3 +225,97 @@ async def test_a_repeat_sent_while_the_first_runs_gets_its_answer_after_the_vaul
     assert counted.generated == 1 and app[LEDGER].tree_head()[0] == 1
     assert one.status == two.status == 503
     assert (await one.json())["record_id"] == (await two.json())["record_id"]
+
+
+# --- streams -------------------------------------------------------------------------------
+
+
+def _stream_body(route: str, prompt: str) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "tiny-llama", "max_tokens": 2, "stream": True}
+    if route == "/v1/chat/completions":
+        return body | {"messages": [{"role": "user", "content": prompt}]}
+    return body | {"prompt": prompt}
+
+
+def _no_internal_text(text: str) -> None:
+    for internal in ("vault_content", "no such table", "sqlite", "Traceback", "refused by"):
+        assert internal.lower() not in text.lower(), internal
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+async def test_a_stream_whose_content_the_vault_failed_to_keep_names_its_committed_records(
+    service: Any, route: str
+) -> None:
+    client, app, tokens = service
+    _break_the_vault(app)
+    response = await client.post(route, json=_stream_body(route, "pay invoice 11"),
+                                 headers=bearer(tokens["client"]))
+    text = await response.text()
+    # Every failure comes before the headers: an ordinary error answer, no chunk, no output.
+    assert response.status == 503 and response.content_type == "application/json"
+    assert "data:" not in text
+    assert response.headers["Retry-After"] == "1"  # streams take no key: a retry is new
+    _no_internal_text(text)
+    error = json.loads(text)["error"]
+    assert error["type"] == "server_error"
+    assert "the record was committed" in error["message"]
+    assert "content vault could not keep its content" in error["message"]
+    assert "could not be committed" not in error["message"]
+    assert "input_salt" not in error and "output_salt" not in error  # as without streaming
+    # Exactly the request's two records are in the log, and the error names both.
+    ledger = app[LEDGER]
+    assert ledger.tree_head()[0] == 2
+    done_row = ledger.get_record(error["record_id"])
+    start_row = ledger.get_record(error["stream_start_record_id"])
+    assert done_row is not None and start_row is not None
+    assert {start_row.leaf_index, done_row.leaf_index} == {0, 1}
+    done, start = json.loads(done_row.canonical), json.loads(start_row.canonical)
+    assert start["schema"] == STREAM_START_SCHEMA
+    assert done["data"]["stream_start_record_id"] == start["record_id"]
+    assert error["record_id"] in error["message"]
+    assert error["stream_start_record_id"] in error["message"]
+
+
+async def test_the_openai_client_reads_the_committed_record_of_a_failed_stream(
+    service: Any
+) -> None:
+    from openai import APIStatusError, AsyncOpenAI
+
+    client, app, tokens = service
+    _break_the_vault(app)
+    openai = AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key=tokens["client"],
+                         max_retries=0)
+    with pytest.raises(APIStatusError) as caught:
+        await openai.chat.completions.create(
+            model="tiny-llama", messages=[{"role": "user", "content": "pay invoice 12"}],
+            max_tokens=2, stream=True)
+    await openai.close()
+    error = caught.value
+    assert error.status_code == 503 and isinstance(error.body, dict)
+    assert "the record was committed" in error.body["message"]
+    assert app[LEDGER].get_record(error.body["record_id"]) is not None
+    assert app[LEDGER].tree_head()[0] == 2
+
+
+async def test_a_stream_whose_record_could_not_be_appended_says_so(service: Any) -> None:
+    client, app, tokens = service
+    with app[LEDGER].engine.begin() as conn:  # a real failure of the completed record only
+        conn.execute(text("CREATE TRIGGER refuse_completed BEFORE INSERT ON records "
+                          "WHEN NEW.output_commitment IS NOT NULL "
+                          "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"))
+    route = "/v1/completions"
+    response = await client.post(route, json=_stream_body(route, "pay invoice 13"),
+                                 headers=bearer(tokens["client"]))
+    body = await response.text()
+    assert response.status == 503 and "data:" not in body
+    _no_internal_text(body)
+    error = json.loads(body)["error"]
+    assert "record_id" not in error  # nothing committed to name as the request's record
+    assert "the audit record could not be committed" in error["message"]
+    # Only the start record is in the log, and the error says which it is.
+    assert app[LEDGER].tree_head()[0] == 1
+    with app[LEDGER].engine.connect() as conn:
+        rows = conn.execute(text("SELECT record_id, canonical FROM records")).all()
+    assert len(rows) == 1
+    assert json.loads(rows[0].canonical)["schema"] == STREAM_START_SCHEMA
+    assert f"stream start record {rows[0].record_id}" in error["message"]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from inference_wrapper.generator import AuditedGenerator
+from inference_wrapper.generator import AuditedGenerator, BatchResult
 from inference_wrapper.model import load_model
 from inference_wrapper.params import GenerationParams
 from inference_wrapper.tiny import build_tiny_model
@@ -34,15 +34,6 @@ from ledger.store.migrate import upgrade
 from ledger.store.sql import SqlLedger
 
 PROMPT = "Summarise the credit exposure of the retail portfolio in one sentence:"
-
-
-def per_call_cpu_us(work: Callable[[], object], calls: int, rounds: int) -> float:
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.process_time()
-        work()
-        best = min(best, time.process_time() - start)
-    return best / calls * 1e6
 
 
 def main() -> None:
@@ -62,51 +53,53 @@ def main() -> None:
               "CPU microseconds per call")
         with SqlLedger(url) as ledger:
             for size in (1, 32):
-                batches = max(1, args.calls // size)
-                requests = [[generator.prepare(f"{PROMPT} ({b}.{i})", params, "bench")
-                             for i in range(size)] for b in range(batches)]
-                calls = batches * size
-                generated = [generator.run_batch(batch) for batch in requests[:2]]
-                results = [generated[b % 2] for b in range(batches)]
-                sealed = [generator.seal(result) for result in results]
+                measure_size(generator, ledger, params, size, args.calls, args.rounds)
 
-                def prepare(size: int = size, batches: int = batches) -> None:
-                    for b in range(batches):
-                        for i in range(size):
-                            generator.prepare(f"{PROMPT} ({b}.{i})", params, "bench")
 
-                def seal() -> None:
-                    for result in results:
-                        generator.seal(result)
+def measure_size(generator: AuditedGenerator, ledger: SqlLedger, params: GenerationParams,
+                 size: int, wanted_calls: int, rounds: int) -> None:
+    batches = max(1, wanted_calls // size)
+    requests = [[generator.prepare(f"{PROMPT} ({b}.{i})", params, "bench")
+                 for i in range(size)] for b in range(batches)]
+    calls, gen_batches = batches * size, max(1, 64 // size)
+    generated = [generator.run_batch(batch) for batch in requests[:2]]
+    results = [generated[b % 2] for b in range(batches)]
+    a = best_of(rounds, lambda: cpu_of(
+        lambda: [generator.run_batch(batch) for batch in requests[:gen_batches]]))
+    a /= gen_batches * size
+    b = best_of(rounds, lambda: cpu_of(lambda: [generator.seal(r) for r in results])) / calls
+    c = best_of(rounds, lambda: append_cpu(ledger, generator, results)) / calls
+    d = best_of(rounds, lambda: cpu_of(
+        lambda: [generator.prepare(f"{PROMPT} ({n})", params, "bench")
+                 for n in range(calls)])) / calls
+    print(f"batch {size:2d}: (a) generate {a:8.1f}  (b) seal {b:6.1f}  (c) append {c:6.1f}"
+          f"  -> audit work (b)+(c) {b + c:6.1f} us = {(b + c) / a:.2%} of generate"
+          f"  [(d) prepare {d:6.1f}, shared]", flush=True)
 
-                def append() -> None:
-                    # New records each round (ids are unique), appended a batch at a time
-                    # as the batcher does: one group, one transaction, one fsync.
-                    batch_records = [[o.record for o in generator.seal(r)] for r in results]
-                    start = time.process_time()
-                    for records in batch_records:
-                        futures = [ledger.submit(record) for record in records]
-                        for future in futures:
-                            future.result()
-                    append.cpu = time.process_time() - start  # type: ignore[attr-defined]
 
-                def generate(rounds: int = 1) -> None:
-                    for batch in requests[:max(1, 64 // size)]:
-                        generator.run_batch(batch)
+def cpu_of(work: Callable[[], object]) -> float:
+    """CPU microseconds of every thread of this process while ``work`` runs."""
+    start = time.process_time()
+    work()
+    return (time.process_time() - start) * 1e6
 
-                del sealed
-                gen_calls = max(1, 64 // size) * size
-                a = per_call_cpu_us(generate, gen_calls, args.rounds)
-                b = per_call_cpu_us(seal, calls, args.rounds)
-                best_append = float("inf")
-                for _ in range(args.rounds):
-                    append()
-                    best_append = min(best_append, append.cpu)  # type: ignore[attr-defined]
-                c = best_append / calls * 1e6
-                d = per_call_cpu_us(prepare, calls, args.rounds)
-                print(f"batch {size:2d}: (a) generate {a:8.1f}  (b) seal {b:6.1f}  "
-                      f"(c) append {c:6.1f}  -> audit work (b)+(c) {b + c:6.1f} us "
-                      f"= {(b + c) / a:.2%} of generate  [(d) prepare {d:6.1f}, shared]")
+
+def best_of(rounds: int, measure: Callable[[], float]) -> float:
+    return min(measure() for _ in range(rounds))
+
+
+def append_cpu(ledger: SqlLedger, generator: AuditedGenerator,
+               results: list[BatchResult]) -> float:
+    """Durable appends of fresh records (ids are unique), a batch per group as the
+    batcher makes them: one transaction and one fsync per batch; the sealing is not timed."""
+    batches = [[output.record for output in generator.seal(result)] for result in results]
+
+    def append() -> None:
+        for records in batches:
+            for future in [ledger.submit(record) for record in records]:
+                future.result()
+
+    return cpu_of(append)
 
 
 if __name__ == "__main__":

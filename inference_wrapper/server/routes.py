@@ -768,7 +768,8 @@ RESPONSES: dict[str, dict[str, Any]] = {
                     "replica": _obj({"id": _STR, "holds_lease": {"type": "boolean"},
                                      "last_seal_age_s": {"type": ["number", "null"]},
                                      "latest_sealed_by": {"type": ["string", "null"]},
-                                     "origin": _STR})}),
+                                     "origin": _STR,
+                                     "fenced_writer_sessions": _INT})}),
     "openapi": {"type": "object", "required": ["openapi", "paths"]},
 }
 

@@ -151,6 +151,12 @@ async def load(base: str, token: str, concurrency: int, total: int,
     return latencies, elapsed
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process, all its threads (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def summary(latencies: list[float], elapsed: float) -> tuple[float, float, float]:
     """(requests/s, p50 ms, p99 ms)."""
     ordered = sorted(latencies)
@@ -189,6 +195,7 @@ def main() -> None:
             manifest = Path(tmp) / "tiny.manifest.json"
         env = dict(os.environ, AUDIT_LEDGER_HOME=tmp, PYTHONUNBUFFERED="1")
         results: dict[str, dict[int, tuple[float, float, float]]] = {}
+        cpu: dict[str, dict[int, float]] = {}  # server CPU seconds per request, summed
         configs: dict[str, list[str] | None] = {
             "(a) audited, batching": ["--max-batch", "32"],
             "(c) bare, batching": None,
@@ -209,6 +216,7 @@ def main() -> None:
                 proc, token = start_service(cmd, env)
                 base = f"http://127.0.0.1:{port}"
                 servers[name] = (proc, base, token)
+                cpu[name] = {}
                 asyncio.run(wait_ready(base))
             for level in levels:
                 # Alternate slices (a, c, c, a, ...): both servers see the same machine.
@@ -216,10 +224,14 @@ def main() -> None:
                 names = list(servers)
                 for round_ in range(args.rounds):
                     for name in (names if round_ % 2 == 0 else names[::-1]):
-                        _, base, token = servers[name]
+                        proc, base, token = servers[name]
+                        cpu_before = cpu_seconds(proc.pid)
                         latencies, elapsed = asyncio.run(load(
                             base, token, level, max(level, args.requests // args.rounds),
                             args.new_tokens))
+                        # Includes the warm-up request of ``load``: one more than timed.
+                        cpu[name][level] = cpu[name].get(level, 0.0) + (
+                            cpu_seconds(proc.pid) - cpu_before) / (len(latencies) + 1)
                         kept, total = samples[name]
                         samples[name] = (kept + latencies, total + elapsed)
                 for name, (latencies, elapsed) in samples.items():
@@ -248,6 +260,13 @@ def main() -> None:
             b = results["(b) audited, batch 1"]
             line += f"; batching gain (a)/(b) = {a[level][0] / b[level][0]:.2f}x"
         print(line)
+    # CPU time is what auditing adds to each request whatever the machine's noise: the
+    # server process's own user + system time (every thread), per request served.
+    for level in levels:
+        audited = cpu["(a) audited, batching"][level] / args.rounds * 1e3
+        bare = cpu["(c) bare, batching"][level] / args.rounds * 1e3
+        print(f"c={level}: server CPU per request: audited {audited:.3f} ms, bare {bare:.3f} "
+              f"ms; added by auditing {audited - bare:+.3f} ms")
 
 
 if __name__ == "__main__":

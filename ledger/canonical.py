@@ -37,7 +37,8 @@ def canonical_bytes(value: Any) -> bytes:
     except (TypeError, ValueError, RecursionError) as exc:
         return _reference_bytes(value, exc)
     shape = data.translate(_SHAPE)
-    if (b"0e+0" in shape or b"!" in shape or _INTEGRAL_FLOAT.search(shape) is not None
+    if (b"!" in shape or _INTEGRAL_FLOAT.search(shape) is not None
+            or (b"e+0" in shape and _EXPONENT_FLOAT.search(shape) is not None)
             or (b"0" * 16 in shape and _LONG_INTEGER.search(shape) is not None)):
         return _reference_bytes(value)
     return data
@@ -47,8 +48,10 @@ def canonical_bytes(value: Any) -> bytes:
 # mapped by ``_SHAPE``: digits to 0, ``e``/``E`` to e, other ASCII letters to a, signs to
 # +, ``.`` kept, the lead byte of a 4-byte UTF-8 sequence to !, anything else to a space)
 # shows:
-# - ``0e+0``: a float with an exponent (Python ``1e-05``, ``1e+16``; ECMAScript
-#   ``0.00001``, ``10000000000000000``);
+# - ``0e+00`` or ``0.00e+00`` after neither a letter, a digit nor a point: a float with an
+#   exponent (Python ``1e-05``, ``1.5e+16``; ECMAScript ``0.00001``,
+#   ``15000000000000000``); Python writes one digit before the point and at least two in
+#   the exponent, which spares text such as a UUID's ``7e-8``;
 # - ``0.0`` then no digit: an integral float (Python ``5.0``, ``-0.0``; ECMAScript ``5``,
 #   ``0``); a fixed-point float that is not integral has the same shortest round-trip
 #   digits in both;
@@ -65,6 +68,7 @@ _SHAPE = bytes(
     for b in range(256)
 )
 _INTEGRAL_FLOAT = re.compile(rb"0\.0(?!0)")
+_EXPONENT_FLOAT = re.compile(rb"(?<![0ae.])0(?:\.0+)?e\+00")
 _LONG_INTEGER = re.compile(rb"(?<![0ae.])0{16}")
 _FAST_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True,
                                  separators=(",", ":"))

@@ -118,6 +118,9 @@ def test_fast_path_equals_the_reference_implementation(value: object) -> None:
     ({"\U0001f600": 1, "\uff61": 2}, '{"\U0001f600":1,"\uff61":2}'.encode()),
     ([1234567890123456, -1234567890123456], b"[1234567890123456,-1234567890123456]"),
     ({"d": "sha256:ab12345678901234567890"}, b'{"d":"sha256:ab12345678901234567890"}'),
+    ({"id": "0190a3b2-127e-7abc-8e-1"}, b'{"id":"0190a3b2-127e-7abc-8e-1"}'),
+    ([1.5e16, -2.5e-07, 1e100, 5e-324],
+     b"[15000000000000000,-2.5e-7,1e+100,5e-324]"),
 ])
 def test_spellings_the_fast_path_hands_to_the_reference(value: object, expected: bytes) -> None:
     assert canonical_bytes(value) == expected

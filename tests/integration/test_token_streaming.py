@@ -378,3 +378,43 @@ def _canonicals(app: Any) -> list[bytes]:
 
     with app[LEDGER].engine.connect() as conn:
         return [row.canonical for row in conn.execute(text("SELECT canonical FROM records"))]
+
+
+class DifferentText:
+    """A deliberate bug: the answer's text is not what was streamed. Sealing waits until
+    the test has seen text, so the mismatch is found at the end."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.gate = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def seal(self, batch: Any) -> Any:
+        assert self.gate.wait(120), "the test never opened the gate"
+        return [replace(out, text="#" + out.text) for out in self.inner.seal(batch)]
+
+
+async def test_a_recorded_text_other_than_the_streamed_one_ends_with_an_error_not_a_receipt(
+    aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any,
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    wrong = DifferentText(tiny_generator)
+    client, app, token = await _start(aiohttp_client, settings, wrong)
+    response = await client.post(COMPLETIONS, json=_body(
+        COMPLETIONS, "pay invoice 13", max_tokens=8, temperature=0, stream=True),
+        headers=bearer(token))
+    chunks = []
+    try:
+        async for event in events(response):
+            chunks.append(event)
+            if event != "[DONE]" and "error" not in event and delta(event):
+                wrong.gate.set()
+    finally:
+        wrong.gate.set()
+    assert "[DONE]" not in chunks and all("audit" not in c for c in chunks)
+    error = chunks[-1]["error"]
+    assert "differs from the output the completed record" in error["message"]
+    assert "receipt is withheld" in error["message"]
+    assert "streamed text is not a prefix of the recorded output" in caplog.text

@@ -9,11 +9,17 @@ One bound, ``queue_limit``, covers all outstanding work: a request counts from `
 until its record is committed (or it failed), so waiting, in the model, in audit and in
 the ledger queue are all inside it. A queued request whose caller went away (timed out,
 disconnected) is dropped before it reaches the model.
+
+A streamed request brings a ``TokenFeed``: while its batch generates, each step's new
+token of its row is appended there on the event loop (one ``call_soon_threadsafe`` per
+step for the whole batch; the model thread never waits on a reader). A batch with no
+streamed request runs ``generate`` with no streamer at all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -63,6 +69,19 @@ class Answer:
     spans_ns: dict[str, tuple[int, int]] = field(default_factory=dict)  # wall clock
 
 
+@dataclass(eq=False)
+class TokenFeed:
+    """A streamed request's generated token ids so far, EOS and what follows excluded.
+
+    Written only on the event loop. A slow reader costs nothing: the ids accumulate (at
+    most ``max_new_tokens`` of them) and the reader decodes them all at once when it
+    next looks, since the text is cumulative.
+    """
+
+    ids: list[int] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)  # set on every append
+
+
 @dataclass(eq=False)  # identity: a job is found and removed by itself
 class _Job:
     request: PreparedRequest
@@ -70,6 +89,7 @@ class _Job:
     enqueued: float
     enqueued_ns: int = 0
     caller_alive: Callable[[], bool] | None = None  # False once the client disconnected
+    feed: TokenFeed | None = None  # a streamed request's tokens, as they are generated
     done: bool = False  # counted out of ``outstanding`` already
 
 
@@ -135,7 +155,8 @@ class Batcher:
         self._finish(waiting, error)
 
     async def submit(self, request: PreparedRequest,
-                     caller_alive: Callable[[], bool] | None = None) -> Answer:
+                     caller_alive: Callable[[], bool] | None = None,
+                     feed: TokenFeed | None = None) -> Answer:
         if self.failure is not None:
             raise WorkerDiedError("batcher")
         if not self._accepting:
@@ -144,7 +165,7 @@ class Batcher:
             raise QueueFullError(f"too much outstanding work ({self.queue_limit} requests "
                                  "waiting, generating or being recorded)")
         job = _Job(request, asyncio.get_running_loop().create_future(), time.perf_counter(),
-                   time.time_ns(), caller_alive)
+                   time.time_ns(), caller_alive, feed)
         self.outstanding += 1
         self._idle.clear()
         self._waiting.append(job)
@@ -223,10 +244,13 @@ class Batcher:
                 self._observe("queue_wait", now - job.enqueued)
             self._observe("batch_size", len(batch))
             self.in_model += len(batch)
+            requests = [j.request for j in batch]
+            feeds = {row: j.feed for row, j in enumerate(batch) if j.feed is not None}
+            run = (functools.partial(self.generator.run_batch, requests,
+                                     on_step=_stepper(loop, feeds))
+                   if feeds else functools.partial(self.generator.run_batch, requests))
             try:
-                result = await loop.run_in_executor(
-                    self._model_thread, self.generator.run_batch, [j.request for j in batch]
-                )
+                result = await loop.run_in_executor(self._model_thread, run)
             except Exception as exc:  # a failed generate fails its batch, not the service
                 log.exception("generate failed for a batch of %d", len(batch))
                 self._finish(batch, exc)
@@ -289,3 +313,23 @@ class Batcher:
                 job.future.set_exception(outcome)
             else:
                 job.future.set_result(outcome)
+
+
+def _stepper(loop: asyncio.AbstractEventLoop,
+             feeds: dict[int, TokenFeed]) -> Callable[[list[int | None]], None]:
+    """The model thread's per-step callback: hands the step's tokens to the event loop."""
+
+    def deliver(tokens: list[int | None]) -> None:  # on the event loop
+        for row, feed in feeds.items():
+            token = tokens[row]
+            if token is not None:
+                feed.ids.append(token)
+                feed.changed.set()
+
+    def on_step(tokens: list[int | None]) -> None:  # in the model thread
+        try:
+            loop.call_soon_threadsafe(deliver, tokens)
+        except RuntimeError:  # the loop is closed (shutdown): nobody reads any more
+            pass
+
+    return on_step

@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +101,68 @@ def apply_stop(
     return kept, prefix[:end]
 
 
+def streamable_text(tokenizer: Any, ids: Sequence[int],
+                    stops: tuple[str, ...]) -> tuple[str, bool]:
+    """The part of a row's text so far that later tokens can no longer change, and
+    whether a stop sequence already ended it.
+
+    The text is decoded from all ``ids`` (the same decode ``run_batch`` applies to the
+    final output, so it grows as a prefix of the final text). Held back: a trailing
+    replacement character (a UTF-8 sequence cut short), a suffix that could still become
+    the start of a stop sequence, and, for a tokenizer that cleans up spaces, everything
+    from the last space (" ." becomes "." only once the "." is there). Once a stop
+    sequence is in the text, the text before the first one is final: ``apply_stop`` cuts
+    the output at most there.
+    """
+    text = tokenizer.decode(list(ids), skip_special_tokens=True)
+    found = [text.find(stop) for stop in stops if stop in text]
+    if found:
+        return text[: min(found)], True
+    text = text.rstrip("\ufffd")
+    if getattr(tokenizer, "clean_up_tokenization_spaces", False) and " " in text:
+        text = text[: text.rfind(" ")]
+    hold = 0
+    for stop in stops:  # the longest suffix that is a proper prefix of a stop sequence
+        for size in range(min(len(stop) - 1, len(text)), hold, -1):
+            if text.endswith(stop[:size]):
+                hold = size
+                break
+    return text[: len(text) - hold], False
+
+
+class RowStreamer:
+    """Hands each decoding step's new tokens to ``on_step``, one entry per row of the
+    batch: the row's token id, or None once the row has ended (its EOS and the padding
+    after it never reach ``on_step``).
+
+    ``model.generate(streamer=...)`` calls ``put`` in the model thread, first with the
+    prompt ids (skipped), then once per step with a tensor of shape (batch,); transformers'
+    own streamers refuse batches. ``on_step`` must not block: it runs between two steps.
+    """
+
+    def __init__(self, rows: int, eos_token_id: int | None,
+                 on_step: Callable[[list[int | None]], None]) -> None:
+        self.eos_token_id = eos_token_id
+        self.on_step = on_step
+        self.live = [True] * rows
+        self.prompt_seen = False
+
+    def put(self, value: Any) -> None:
+        if not self.prompt_seen:  # the first call carries the prompt, not new tokens
+            self.prompt_seen = True
+            return
+        tokens: list[int | None] = []
+        for row, token in enumerate(value.reshape(-1).tolist()):
+            if self.live[row] and token == self.eos_token_id:
+                self.live[row] = False  # run_batch cuts the row at its first EOS
+            tokens.append(token if self.live[row] else None)
+        if any(t is not None for t in tokens):
+            self.on_step(tokens)
+
+    def end(self) -> None:
+        """Nothing is held back here: the receiver decodes (``streamable_text``)."""
+
+
 class AuditedGenerator:
     """Runs generate calls and returns each output with its audit record."""
 
@@ -164,9 +226,14 @@ class AuditedGenerator:
                                subject=subject)
 
     def run_batch(
-        self, requests: Sequence[PreparedRequest], min_length: int = 0
+        self, requests: Sequence[PreparedRequest], min_length: int = 0,
+        on_step: Callable[[list[int | None]], None] | None = None,
     ) -> BatchResult:
-        """One ``model.generate`` call for requests that share generation parameters."""
+        """One ``model.generate`` call for requests that share generation parameters.
+
+        ``on_step``, when given, receives every step's new tokens (``RowStreamer``); without
+        it generate runs with no streamer at all.
+        """
         import torch
 
         if not requests:
@@ -201,6 +268,9 @@ class AuditedGenerator:
             if params.do_sample
             else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
         )
+        streaming: dict[str, Any] = {}
+        if on_step is not None:
+            streaming["streamer"] = RowStreamer(len(requests), tokenizer.eos_token_id, on_step)
         with torch.inference_mode():
             generated = model.generate(
                 input_ids=input_ids,
@@ -209,6 +279,7 @@ class AuditedGenerator:
                 pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=tokenizer.eos_token_id,
                 **sampling,
+                **streaming,
             )
         if self.loaded.device.type == "cuda":
             torch.cuda.synchronize(self.loaded.device)

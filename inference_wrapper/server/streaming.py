@@ -3,14 +3,16 @@
 The rule: no token leaves the server until a start record naming the request (input
 commitment, fingerprints, parameters; ``audit-stream-start/v1``) is durable, and the
 request's completed record (output commitment, naming the start record) is committed
-before the final chunk, which carries the receipt. Generation runs to completion in the
-batcher before the first chunk is sent (no token-by-token streaming from the model yet);
-see docs/decisions/0017-streaming-records.md.
+before the final chunk, which carries the receipt. Between the two, text is sent while
+the batch generates; see docs/decisions/0017-streaming-records.md.
 
-So every failure comes before the response headers and is an ordinary error answer
-(OpenAI's error object), never an event inside the stream. Once the start record is
-committed, an error says what else the log holds: a record whose content the vault could
-not keep is named (``record_id``, ``stream_start_record_id``), as without streaming.
+What is sent is only text that can no longer change (``streamable_text``): the deltas
+joined are exactly the text the completed record commits to. The response headers go
+with the first text, so a failure before any text (queue full, the start record or the
+completed record not committed, the content vault) is still an ordinary error answer
+(OpenAI's error object). After text was sent, a failure ends the stream with a
+``data: {"error": {...}}`` line and no ``[DONE]``: OpenAI's clients raise on it, and its
+message says plainly whether the completed record was committed.
 """
 
 from __future__ import annotations
@@ -18,15 +20,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
 
-from inference_wrapper.batcher import Answer, QueueFullError, ShuttingDownError
-from inference_wrapper.generator import PreparedRequest
+from inference_wrapper.batcher import Answer, QueueFullError, ShuttingDownError, TokenFeed
+from inference_wrapper.generator import PreparedRequest, streamable_text
 from inference_wrapper.server.appkeys import BATCHER, GENERATOR, LEDGER, SETTINGS
 from inference_wrapper.server.problems import CommittedProblem, Problem
 from ledger.error_map import http_status_for
@@ -34,17 +35,99 @@ from ledger.errors import BackendError
 from ledger.vault_errors import ContentNotKeptError
 
 log = logging.getLogger(__name__)
-_PIECE = re.compile(r"\s*\S+\s*|\s+")  # words with their spacing: chunk boundaries
 
 
-def pieces(text: str) -> list[str]:
-    """The text cut at word boundaries; joined again they are exactly ``text``."""
-    return _PIECE.findall(text) or [""]
+class _Sse:
+    """One stream's chunks; the response (headers) is prepared with the first write."""
+
+    def __init__(self, request: web.Request, kind: str, model: str, start_id: str) -> None:
+        self.request = request
+        self.chat = kind == "chat.completion"
+        self.chunk_id = f"{'chatcmpl' if self.chat else 'cmpl'}-{start_id}"
+        self.object_name = "chat.completion.chunk" if self.chat else "text_completion"
+        self.model, self.start_id = model, start_id
+        self.created = int(time.time())
+        self.response: web.StreamResponse | None = None
+        self.gone = False  # the caller disconnected: nothing more is written
+
+    @property
+    def started(self) -> bool:
+        return self.response is not None
+
+    def sent(self) -> web.StreamResponse:
+        assert self.response is not None, "a stream ends after its first write"
+        return self.response
+
+    async def _write(self, data: bytes) -> None:
+        if self.gone:
+            return
+        try:
+            if self.response is None:
+                response = web.StreamResponse(headers={
+                    "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                    "X-Audit-Stream-Start-Record-Id": self.start_id})
+                self.response = response
+                await response.prepare(self.request)
+                if self.chat:
+                    await response.write(self._chunk({
+                        "index": 0, "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None, "finish_reason": None}))
+            await self.response.write(data)
+        except ConnectionResetError:
+            # The caller left mid-stream; generation and the completed record go on (they
+            # are the audit trail of what was generated), only its salts never arrive.
+            self.gone = True
+            log.info("a streamed answer's caller left before the end (stream start record "
+                     "%s)", self.start_id)
+
+    def _chunk(self, choice: dict[str, Any], **extra: Any) -> bytes:
+        payload = {"id": self.chunk_id, "object": self.object_name, "created": self.created,
+                   "model": self.model, "choices": [choice], **extra}
+        return f"data: {json.dumps(payload)}\n\n".encode()
+
+    async def text(self, delta: str) -> None:
+        if self.chat:
+            choice = {"index": 0, "delta": {"content": delta}, "logprobs": None,
+                      "finish_reason": None}
+        else:
+            choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": None}
+        await self._write(self._chunk(choice))
+
+    async def final(self, answer: Answer, start_index: int) -> None:
+        data = answer.output.record.body["data"]
+        choice: dict[str, Any] = {"index": 0, "logprobs": None,
+                                  "finish_reason": data["finish_reason"]}
+        if self.chat:
+            choice["delta"] = {}
+        else:
+            choice["text"] = ""
+        prompt_tokens, completion_tokens = data["input_token_count"], data["output_token_count"]
+        await self._write(self._chunk(choice, usage={
+            "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens},
+            audit=stream_receipt(answer, self.start_id, start_index)))
+        await self._write(b"data: [DONE]\n\n")
+        await self.close()
+
+    async def error(self, problem: Problem) -> None:
+        """OpenAI's error object on a data line (its clients raise ``APIError`` with
+        it as ``body``); no ``[DONE]`` follows."""
+        body = json.loads(problem.openai_response().text or "{}")
+        await self._write(f"data: {json.dumps(body)}\n\n".encode())
+        await self.close()
+
+    async def close(self) -> None:
+        if self.response is not None and not self.gone:
+            try:
+                await self.response.write_eof()
+            except ConnectionResetError:
+                self.gone = True
 
 
 async def stream_answer(request: web.Request, prepared: PreparedRequest, model: str,
                         kind: str) -> web.StreamResponse:
-    """Commit the start record, generate, commit the record, then stream the chunks."""
+    """Commit the start record, stream the text as it is generated, commit the record,
+    then send the final chunk with the receipt."""
     app = request.app
     generator, ledger, batcher = app[GENERATOR], app[LEDGER], app[BATCHER]
     start = generator.stream_start(prepared, request.path)
@@ -53,70 +136,93 @@ async def stream_answer(request: web.Request, prepared: PreparedRequest, model: 
     except BackendError as exc:  # nothing is in the log; its text may hold SQL: not sent
         raise Problem(503, "Service Unavailable", "the audit record could not be committed, "
                       "so no output is returned", headers={"Retry-After": "1"}) from exc
-    # Errors from here on leave the start record in the log: each says what else is there.
+    # The start record is durable: text may leave from here on. Errors from here on leave
+    # it in the log, and each says what else is there.
+    feed = TokenFeed()
+    pending = asyncio.ensure_future(asyncio.wait_for(
+        batcher.submit(replace(prepared, stream_start_id=start.record_id), feed=feed),
+        app[SETTINGS].request_timeout_s))
+    pending.add_done_callback(_retrieved)
+    sse = _Sse(request, kind, model, start.record_id)
+    tokenizer = generator.loaded.tokenizer
+    sent, stopped = "", False
     try:
-        answer = await asyncio.wait_for(batcher.submit(replace(prepared,
-                                                               stream_start_id=start.record_id)),
-                                        app[SETTINGS].request_timeout_s)
-    except QueueFullError as exc:
-        raise Problem(503, "Service Unavailable", str(exc), headers={"Retry-After": "1"}) from exc
-    except ShuttingDownError as exc:
-        raise Problem(503, "Service Unavailable", str(exc), headers={"Retry-After": "5"}) from exc
-    except TimeoutError as exc:
-        raise Problem(504, "Gateway Timeout", "generation did not finish in time") from exc
-    except ContentNotKeptError as exc:  # before BackendError: its record did commit
-        raise not_kept(exc, start.record_id) from exc
-    except BackendError as exc:
-        raise Problem(503, "Service Unavailable", "the audit record could not be committed, "
-                      "so no output is returned (only the request's stream start record "
-                      f"{start.record_id} is in the log)", headers={"Retry-After": "1"}) from exc
+        while not pending.done():
+            changed = asyncio.ensure_future(feed.changed.wait())
+            try:
+                await asyncio.wait([pending, changed], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                changed.cancel()
+            feed.changed.clear()  # tokens that arrive while we write set it again
+            if pending.done() or stopped or sse.gone:
+                continue
+            text, stopped = streamable_text(tokenizer, feed.ids, prepared.stop)
+            if len(text) > len(sent) and text.startswith(sent):
+                await sse.text(text[len(sent):])
+                sent = text
+        answer = pending.result()
+    except Exception as exc:
+        problem = failure(exc, start.record_id, streaming=sse.started)
+        if not sse.started:
+            raise problem from exc
+        if not isinstance(problem, CommittedProblem) and not isinstance(exc, TimeoutError):
+            log.error("a stream failed after text was sent (stream start record %s)",
+                      start.record_id, exc_info=exc)
+        await sse.error(problem)
+        return sse.sent()
 
-    # Both records are durable from here on: the chunks may leave.
-    chat = kind == "chat.completion"
-    chunk_id = f"{'chatcmpl' if chat else 'cmpl'}-{start.record_id}"
-    created = int(time.time())
-    object_name = "chat.completion.chunk" if chat else "text_completion"
-    response = web.StreamResponse(headers={
-        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-        "X-Audit-Record-Id": answer.receipt.record_id,
-        "X-Audit-Stream-Start-Record-Id": start.record_id})
-    await response.prepare(request)
+    final_text = answer.output.text
+    if not final_text.startswith(sent):
+        # A bug: the deltas must join to the committed text. The receipt is withheld: it
+        # would open a commitment to text other than what was streamed.
+        log.error("streamed text is not a prefix of the recorded output (record %s, stream "
+                  "start record %s): the final chunk is withheld",
+                  answer.receipt.record_id, start.record_id)
+        await sse.error(Problem(500, "Internal Server Error", "the text streamed so far "
+                                "differs from the output the completed record "
+                                f"{answer.receipt.record_id} commits to; its receipt is "
+                                "withheld (stream start record "
+                                f"{start.record_id})"))
+        return sse.sent()
+    if final_text[len(sent):]:  # what was held back, or all of it if nothing streamed
+        await sse.text(final_text[len(sent):])
+    await sse.final(answer, started.leaf_index)
+    return sse.sent()
 
-    def chunk(choice: dict[str, Any], **extra: Any) -> bytes:
-        payload = {"id": chunk_id, "object": object_name, "created": created,
-                   "model": model, "choices": [choice], **extra}
-        return f"data: {json.dumps(payload)}\n\n".encode()
 
-    try:
-        if chat:
-            await response.write(chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
-                                        "logprobs": None, "finish_reason": None}))
-        for piece in pieces(answer.output.text):
-            if chat:
-                choice = {"index": 0, "delta": {"content": piece}, "logprobs": None,
-                          "finish_reason": None}
-            else:
-                choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": None}
-            await response.write(chunk(choice))
-        data = answer.output.record.body["data"]
-        final: dict[str, Any] = {"index": 0, "logprobs": None,
-                                 "finish_reason": data["finish_reason"]}
-        if chat:
-            final["delta"] = {}
-        else:
-            final["text"] = ""
-        prompt_tokens, completion_tokens = data["input_token_count"], data["output_token_count"]
-        await response.write(chunk(final, usage={
-            "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens},
-            audit=stream_receipt(answer, start.record_id, started.leaf_index)))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-    except ConnectionResetError:
-        # The caller left mid-stream: both records are committed, but the salts in the
-        # final chunk never reached it (decision 17).
-        log.info("a streamed answer's caller left before the end")
-    return response
+def _retrieved(task: asyncio.Future[Answer]) -> None:
+    """Its outcome is read by the handler, unless the handler itself was cancelled."""
+    if not task.cancelled():
+        task.exception()
+
+
+def failure(error: BaseException, start_id: str, *, streaming: bool) -> Problem:
+    """What to answer (or, once text was sent, what the error line says) when the
+    request fails after its start record committed."""
+    if isinstance(error, QueueFullError):
+        return Problem(503, "Service Unavailable", str(error), headers={"Retry-After": "1"})
+    if isinstance(error, ShuttingDownError):
+        return Problem(503, "Service Unavailable", str(error), headers={"Retry-After": "5"})
+    if isinstance(error, TimeoutError):
+        return Problem(504, "Gateway Timeout", "generation did not finish in time"
+                       + (f" (stream start record {start_id}; the completed record may "
+                          "still be committed)" if streaming else ""))
+    if isinstance(error, ContentNotKeptError):  # before BackendError: its record did commit
+        return not_kept(error, start_id)
+    if isinstance(error, BackendError):
+        if streaming:
+            return Problem(503, "Service Unavailable", "the audit record could not be "
+                           "committed: the text streamed so far has no completed record "
+                           f"(only the request's stream start record {start_id} is in the "
+                           "log)")
+        return Problem(503, "Service Unavailable", "the audit record could not be committed, "
+                       "so no output is returned (only the request's stream start record "
+                       f"{start_id} is in the log)", headers={"Retry-After": "1"})
+    if not streaming:
+        raise error
+    return Problem(500, "Internal Server Error", "generation failed: the audit record could "
+                   "not be committed, the text streamed so far has no completed record "
+                   f"(stream start record {start_id})")
 
 
 def not_kept(error: ContentNotKeptError, start_id: str) -> Problem:

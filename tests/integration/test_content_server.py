@@ -39,6 +39,36 @@ class CountingGenerator:
         return self.inner.run_batch(requests, min_length)
 
 
+class NoStreaming:
+    """The tiny generator with no streamer: a stream's text is all there only once its
+    record is committed, so a failure comes before any text (and before the headers)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def run_batch(self, requests: Sequence[Any], min_length: int = 0,
+                  on_step: Any = None) -> Any:
+        return self.inner.run_batch(requests, min_length)
+
+
+class HeldSeal:
+    """The tiny generator; sealing (the records) waits until the test has seen text."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.gate = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def seal(self, batch: Any) -> Any:
+        assert self.gate.wait(120), "the test never opened the gate"
+        return self.inner.seal(batch)
+
+
 async def _start(aiohttp_client: MakeClient, tmp_path: Path, generator: Any) -> Any:
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'ledger.db'}",
                         log_key_path=tmp_path / "log.key", keyring_path=tmp_path / "keyring",
@@ -55,6 +85,12 @@ async def _start(aiohttp_client: MakeClient, tmp_path: Path, generator: Any) -> 
 @pytest.fixture()
 async def service(aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: Any) -> Any:
     return await _start(aiohttp_client, tmp_path, tiny_generator)
+
+
+@pytest.fixture()
+async def unstreamed(aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: Any) -> Any:
+    """A service whose streams get all their text at the end (``NoStreaming``)."""
+    return await _start(aiohttp_client, tmp_path, NoStreaming(tiny_generator))
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -244,14 +280,14 @@ def _no_internal_text(text: str) -> None:
 
 @pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
 async def test_a_stream_whose_content_the_vault_failed_to_keep_names_its_committed_records(
-    service: Any, route: str
+    unstreamed: Any, route: str
 ) -> None:
-    client, app, tokens = service
+    client, app, tokens = unstreamed
     _break_the_vault(app)
     response = await client.post(route, json=_stream_body(route, "pay invoice 11"),
                                  headers=bearer(tokens["client"]))
     text = await response.text()
-    # Every failure comes before the headers: an ordinary error answer, no chunk, no output.
+    # A failure before any text left is an ordinary error answer: no chunk, no output.
     assert response.status == 503 and response.content_type == "application/json"
     assert "data:" not in text
     assert response.headers["Retry-After"] == "1"  # streams take no key: a retry is new
@@ -277,11 +313,11 @@ async def test_a_stream_whose_content_the_vault_failed_to_keep_names_its_committ
 
 
 async def test_the_openai_client_reads_the_committed_record_of_a_failed_stream(
-    service: Any
+    unstreamed: Any
 ) -> None:
     from openai import APIStatusError, AsyncOpenAI
 
-    client, app, tokens = service
+    client, app, tokens = unstreamed
     _break_the_vault(app)
     openai = AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key=tokens["client"],
                          max_retries=0)
@@ -297,8 +333,8 @@ async def test_the_openai_client_reads_the_committed_record_of_a_failed_stream(
     assert app[LEDGER].tree_head()[0] == 2
 
 
-async def test_a_stream_whose_record_could_not_be_appended_says_so(service: Any) -> None:
-    client, app, tokens = service
+async def test_a_stream_whose_record_could_not_be_appended_says_so(unstreamed: Any) -> None:
+    client, app, tokens = unstreamed
     with app[LEDGER].engine.begin() as conn:  # a real failure of the completed record only
         conn.execute(text("CREATE TRIGGER refuse_completed BEFORE INSERT ON records "
                           "WHEN NEW.output_commitment IS NOT NULL "
@@ -319,3 +355,102 @@ async def test_a_stream_whose_record_could_not_be_appended_says_so(service: Any)
     assert len(rows) == 1
     assert json.loads(rows[0].canonical)["schema"] == STREAM_START_SCHEMA
     assert f"stream start record {rows[0].record_id}" in error["message"]
+
+
+def _refuse_completed_records(app: Any) -> None:
+    with app[LEDGER].engine.begin() as conn:  # a real failure of the completed record only
+        conn.execute(text("CREATE TRIGGER refuse_completed BEFORE INSERT ON records "
+                          "WHEN NEW.output_commitment IS NOT NULL "
+                          "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"))
+
+
+async def _stream_until_failure(client: Any, token: str, route: str, held: HeldSeal
+                                ) -> tuple[list[dict[str, Any]], str]:
+    """Text first (the records are sealed only once some arrived), then the end."""
+    body = _stream_body(route, "pay invoice 14") | {"max_tokens": 8, "temperature": 0}
+    response = await client.post(route, json=body, headers=bearer(token))
+    assert response.status == 200  # the headers left with the first text
+    lines: list[str] = []
+    while True:
+        line = (await response.content.readline()).decode()
+        if not line:
+            break
+        if line.startswith("data: "):
+            lines.append(line[len("data: "):].strip())
+            chunk = json.loads(lines[-1])
+            choice = (chunk.get("choices") or [{}])[0]
+            if choice.get("text") or (choice.get("delta") or {}).get("content"):
+                held.gate.set()  # text is out: now the records may be sealed
+    assert "[DONE]" not in lines  # an error ends the stream
+    return [json.loads(line) for line in lines], "\n".join(lines)
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+async def test_a_vault_failure_after_text_was_streamed_ends_with_an_error_naming_the_records(
+    aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: Any, route: str
+) -> None:
+    held = HeldSeal(tiny_generator)
+    client, app, tokens = await _start(aiohttp_client, tmp_path, held)
+    _break_the_vault(app)
+    chunks, raw = await _stream_until_failure(client, tokens["client"], route, held)
+    _no_internal_text(raw)
+    error = chunks[-1]["error"]
+    assert all("error" not in c and "audit" not in c for c in chunks[:-1])
+    assert error["type"] == "server_error"
+    assert "the record was committed" in error["message"]
+    assert "content vault could not keep its content" in error["message"]
+    assert "input_salt" not in raw and "output_salt" not in raw  # no receipt: no salts
+    done = app[LEDGER].get_record(error["record_id"])
+    start = app[LEDGER].get_record(error["stream_start_record_id"])
+    assert done is not None and start is not None and app[LEDGER].tree_head()[0] == 2
+    assert json.loads(done.canonical)["data"]["stream_start_record_id"] == start.record_id
+    assert chunks[0]["id"].endswith(start.record_id)
+
+
+async def test_the_openai_client_raises_on_an_error_after_streamed_text(
+    aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: Any
+) -> None:
+    from openai import APIError, AsyncOpenAI
+
+    held = HeldSeal(tiny_generator)
+    client, app, tokens = await _start(aiohttp_client, tmp_path, held)
+    _refuse_completed_records(app)
+    openai = AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key=tokens["client"],
+                         max_retries=0)
+    received = ""
+    try:
+        stream = await openai.completions.create(
+            model="tiny-llama", prompt="pay invoice 15", max_tokens=8, temperature=0,
+            stream=True)
+        with pytest.raises(APIError) as caught:
+            async for chunk in stream:
+                received += chunk.choices[0].text
+                if received:
+                    held.gate.set()
+    finally:
+        held.gate.set()
+        await openai.close()
+    error = caught.value
+    assert received  # text had arrived before the error
+    assert isinstance(error.body, dict)
+    assert "the audit record could not be committed" in error.message
+    assert "the text streamed so far has no completed record" in error.message
+    assert app[LEDGER].tree_head()[0] == 1  # only the start record
+    assert f"stream start record {chunk.id.removeprefix('cmpl-')}" in error.message
+
+
+async def test_a_record_refused_after_text_was_streamed_says_it_was_not_committed(
+    aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: Any
+) -> None:
+    held = HeldSeal(tiny_generator)
+    client, app, tokens = await _start(aiohttp_client, tmp_path, held)
+    _refuse_completed_records(app)
+    chunks, raw = await _stream_until_failure(client, tokens["client"], "/v1/chat/completions",
+                                              held)
+    _no_internal_text(raw)
+    error = chunks[-1]["error"]
+    assert "record_id" not in error  # nothing committed to name as the request's record
+    assert error["message"].startswith("the audit record could not be committed")
+    start_id = chunks[0]["id"].removeprefix("chatcmpl-")
+    assert f"stream start record {start_id} is in the log" in error["message"]
+    assert app[LEDGER].tree_head()[0] == 1

@@ -131,11 +131,9 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     elapsed = time.perf_counter() - started
     route = request.match_info.route.resource
     name = route.canonical if route is not None else "unmatched"
-    metrics = request.app[METRICS]
-    metrics.requests.labels(name, str(response.status)).inc()
     # Methods are the caller's to choose: bound the label set, or memory grows with them.
     method = request.method if request.method in _METHODS else "other"
-    metrics.request_latency.labels(name, method).observe(elapsed)
+    request.app[METRICS].observe_http(name, method, response.status, elapsed)
     log.info(json.dumps({"request_id": request_id, "method": request.method,
                          "path": request.path, "status": response.status,
                          "ms": round(elapsed * 1000, 2)}))

@@ -26,6 +26,11 @@ class DroppingQueueHandler(logging.handlers.QueueHandler):
         self.dropped = 0
         self._lock_dropped = threading.Lock()
 
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        # The queue stays in this process: the listener thread formats the record, so
+        # the caller (often the event loop) neither formats nor copies it.
+        return record
+
     def enqueue(self, record: logging.LogRecord) -> None:
         try:
             self.queue.put_nowait(record)
@@ -55,7 +60,16 @@ class QueuedLogging:
 
 def setup_queued_logging(level: int = logging.INFO, stream: TextIO | None = None,
                          capacity: int = 10_000) -> QueuedLogging:
-    """Route the root logger through a bounded queue to ``stream`` (stdout by default)."""
+    """Route the root logger through a bounded queue to ``stream`` (stdout by default).
+
+    Also turns off what the one-line format never shows and every log call would pay
+    for (the logging HOWTO's "Optimization" settings): the caller's file and line (a
+    walk up the stack), and thread and process names.
+    """
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     log_queue: queue.Queue[logging.LogRecord] = queue.Queue(capacity)
     output = logging.StreamHandler(stream or sys.stdout)
     output.setFormatter(logging.Formatter("%(message)s"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -99,6 +100,7 @@ class ReplicaCollector(Collector):
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         # Two series: a batch phase observed once per batch would otherwise be weighted
         # against per-request phases as if it were one request's time.
         self.request_phase = Histogram("audit_request_phase_seconds",
@@ -145,10 +147,23 @@ class Metrics:
     def observe(self, name: str, value: float) -> None:
         if name == "batch_size":
             self.batch_size.observe(value)
-        elif name in REQUEST_PHASES:
-            self.request_phase.labels(name).observe(value)
         else:
-            self.batch_phase.labels(name).observe(value)
+            self._child(self.request_phase if name in REQUEST_PHASES else self.batch_phase,
+                        name).observe(value)
+
+    def observe_http(self, route: str, method: str, status: int, elapsed_s: float) -> None:
+        """One answered request: its latency per route and method, its count per status."""
+        self._child(self.request_latency, route, method).observe(elapsed_s)
+        self._child(self.requests, route, str(status)).inc()
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        # ``labels()`` takes a lock and builds a key on every call; the label sets here
+        # are few and bounded, so their children are looked up once and kept.
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def bind(self, queue_depth: Callable[[], float], checkpoint_lag: Callable[[], float]) -> None:
         self.queue_depth.set_function(queue_depth)

@@ -287,7 +287,8 @@ async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
         if idempotency_key is not None:
             return await request.app[IDEMPOTENCY].answer(request, key.tenant, idempotency_key,
                                                          body, work)
-        rendered = await asyncio.wait_for(work(), request.app[SETTINGS].request_timeout_s)
+        async with asyncio.timeout(request.app[SETTINGS].request_timeout_s):  # no extra task
+            rendered = await work()
         return web.json_response(rendered[0], headers=rendered[1])
     except QueueFullError as exc:
         raise Problem(503, "Service Unavailable", str(exc), headers={"Retry-After": "1"}) from exc

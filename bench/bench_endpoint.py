@@ -67,8 +67,8 @@ def serve_bare(port: int, model_dir: str, manifest: str) -> None:
             return [type("Out", (), {"text": t, "record": None})() for t in batch.texts]
 
     class NoJournal:
-        async def append_async(self, record: Any) -> None:
-            return None
+        async def append_many_async(self, records: Any) -> list[None]:
+            return [None] * len(records)
 
     async def handle(request: web.Request) -> web.Response:
         body = await request.json()

@@ -22,7 +22,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 class Journal(Protocol):
     """Where records go: the ledger's durable append."""
 
-    async def append_async(self, record: Any) -> Any: ...
+    async def append_many_async(self, records: Sequence[Any]) -> list[Any]: ...
 
 
 # Called with each batch's durable (request, output, receipt) triples, on the audit thread,
@@ -266,9 +266,7 @@ class Batcher:
         try:
             outputs = await loop.run_in_executor(self._audit_thread, self.generator.seal, result)
             start, start_ns = time.perf_counter(), time.time_ns()
-            receipts = await asyncio.gather(
-                *(self.journal.append_async(o.record) for o in outputs), return_exceptions=True
-            )
+            receipts = await self.journal.append_many_async([o.record for o in outputs])
             self._observe("append", time.perf_counter() - start)
             append_span = (start_ns, time.time_ns())
         except Exception as exc:

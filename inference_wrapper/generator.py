@@ -21,7 +21,7 @@ from inference_wrapper.model import LoadedModel
 from inference_wrapper.params import MAX_SEED, GenerationParams, Limits, validate_prompt
 from ledger.canonical import Canonical, json_number
 from ledger.digest import commit_text, new_salt
-from ledger.record import AuditRecord, build_record
+from ledger.record import AuditRecord, build_record, utc_timestamp
 
 
 @dataclass(frozen=True)
@@ -323,6 +323,7 @@ class AuditedGenerator:
         rows = len(batch.requests)
         padded_length = len(batch.input_ids[0])
         batch_id = uuid.uuid4().hex  # lets an auditor regroup the records of one generate
+        created_at = utc_timestamp()  # the records of one batch are sealed together
         generation = {k: json_number(v) if isinstance(v, float) else v
                       for k, v in batch.params.to_dict().items()}  # same bytes, fast path
         results = []
@@ -374,6 +375,7 @@ class AuditedGenerator:
                 software=self._software,
                 data=data_members,
                 timings_ms={"parse": request.parse_ms, **batch.timings_ms},
+                created_at=created_at,
             )
             results.append(
                 AuditedOutput(text, record, request.input_salt, request.output_salt,

@@ -37,7 +37,7 @@ def canonical_bytes(value: Any) -> bytes:
     except (TypeError, ValueError, RecursionError) as exc:
         return _reference_bytes(value, exc)
     shape = data.translate(_SHAPE)
-    if (b"!" in shape or _INTEGRAL_FLOAT.search(shape) is not None
+    if (b"!" in shape or b"0.0 " in shape or shape.endswith(b"0.0")
             or (b"e+0" in shape and _EXPONENT_FLOAT.search(shape) is not None)
             or (b"0" * 16 in shape and _LONG_INTEGER.search(shape) is not None)):
         return _reference_bytes(value)
@@ -52,9 +52,10 @@ def canonical_bytes(value: Any) -> bytes:
 #   exponent (Python ``1e-05``, ``1.5e+16``; ECMAScript ``0.00001``,
 #   ``15000000000000000``); Python writes one digit before the point and at least two in
 #   the exponent, which spares text such as a UUID's ``7e-8``;
-# - ``0.0`` then no digit: an integral float (Python ``5.0``, ``-0.0``; ECMAScript ``5``,
-#   ``0``); a fixed-point float that is not integral has the same shortest round-trip
-#   digits in both;
+# - ``0.0`` then a space or the end: an integral float (Python ``5.0``, ``-0.0``;
+#   ECMAScript ``5``, ``0``), since a number is always followed by ``,``, ``]``, ``}`` (all
+#   spaces in the shape) or the end; a fixed-point float that is not integral has the same
+#   shortest round-trip digits in both;
 # - 16 digits in a row after neither a letter, a digit nor a point: an integer that may
 #   lie outside RFC 8785's safe range (hex digests, often with such runs, are spared);
 # - ``!``: a character outside the Basic Multilingual Plane, where code-point order (the
@@ -67,7 +68,6 @@ _SHAPE = bytes(
     else ord("!") if 0xF0 <= b <= 0xF4 else ord(" ")
     for b in range(256)
 )
-_INTEGRAL_FLOAT = re.compile(rb"0\.0(?!0)")
 _EXPONENT_FLOAT = re.compile(rb"(?<![0ae.])0(?:\.0+)?e\+00")
 _LONG_INTEGER = re.compile(rb"(?<![0ae.])0{16}")
 _FAST_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True,

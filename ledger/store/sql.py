@@ -369,7 +369,8 @@ class SqlLedger:
                 self._thread.start()
             self._queue.put(item)
 
-    def _enqueue_this_turn(self, pending: _Pending, loop: asyncio.AbstractEventLoop) -> None:
+    def _enqueue_this_turn(self, pendings: Sequence[_Pending],
+                           loop: asyncio.AbstractEventLoop) -> None:
         """Gather the appends made in one turn of ``loop`` into one queue item.
 
         A batch's records are appended together; queued one by one, the writer would
@@ -382,7 +383,7 @@ class SqlLedger:
         if buffer is None:
             buffer = self._turn_buffers[loop] = []
             loop.call_soon(self._flush_turn, loop)
-        buffer.append(pending)
+        buffer.extend(pendings)
 
     def _flush_turn(self, loop: asyncio.AbstractEventLoop) -> None:
         buffer = self._turn_buffers.pop(loop, [])
@@ -416,9 +417,23 @@ class SqlLedger:
         """Append from asyncio; a whole group's waiters are woken with one loop call."""
         loop = asyncio.get_running_loop()
         pending = _Pending(record, loop)
-        self._enqueue_this_turn(pending, loop)
+        self._enqueue_this_turn([pending], loop)
         assert isinstance(pending.future, asyncio.Future)
         return await pending.future
+
+    async def append_many_async(self, records: Sequence[AuditRecord]
+                                ) -> list[Receipt | BaseException]:
+        """Append a batch's records together (one group, normally one transaction).
+
+        Each outcome is that record's receipt or its own error: one record's failure
+        (a clashing record id) does not fail the others.
+        """
+        loop = asyncio.get_running_loop()
+        pendings = [_Pending(record, loop) for record in records]
+        self._enqueue_this_turn(pendings, loop)
+        # Futures, not coroutines: gathering them creates no task per record.
+        futures = [p.future for p in pendings if isinstance(p.future, asyncio.Future)]
+        return list(await asyncio.gather(*futures, return_exceptions=True))
 
     def _writer_loop(self) -> None:
         group: list[_Pending] = []

@@ -211,10 +211,10 @@ async def test_failed_append_gives_5xx_and_no_output(service: Any,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     client, tokens = service
 
-    async def broken(record: Any) -> Any:
+    async def broken(records: Any) -> Any:
         raise BackendUnavailableError("database is down")
 
-    monkeypatch.setattr(client.server.app[LEDGER], "append_async", broken)
+    monkeypatch.setattr(client.server.app[LEDGER], "append_many_async", broken)
     response = await generate(client, tokens["a"], max_new_tokens=2)
     assert response.status == 503
     body = await response.json()

@@ -97,6 +97,22 @@ def test_other_record_under_a_used_id_refused(ledger_url: str) -> None:
         assert ledger.tree_head()[0] == 1
 
 
+def test_a_batch_appended_together_gets_one_outcome_per_record(ledger_url: str) -> None:
+    """One group, one transaction; an impostor inside the batch fails alone."""
+    with SqlLedger(ledger_url) as ledger:
+        first = make_record(1)
+        impostor = type(first).from_body({**make_record(2, tenant="bank-b").body,
+                                          "record_id": first.record_id})
+        batch = [first, make_record(3), impostor, make_record(4)]
+        groups_before = ledger.groups_committed
+        outcomes = asyncio.run(ledger.append_many_async(batch))
+        assert [o.leaf_index for o in outcomes if not isinstance(o, BaseException)] == [0, 1, 2]
+        assert isinstance(outcomes[2], DuplicateRecordError)
+        assert first.record_id in str(outcomes[2])
+        assert ledger.groups_committed == groups_before + 1
+        assert ledger.tree_head()[0] == 3
+
+
 def test_restart_continues_the_tree(ledger_url: str, signer: NoteSigner) -> None:
     with SqlLedger(ledger_url) as ledger:
         for i in range(7):

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,16 +127,17 @@ async def wait_ready(base: str) -> None:
     raise RuntimeError(f"{base} never became ready")
 
 
-async def load(base: str, token: str, concurrency: int, total: int,
-               new_tokens: int) -> tuple[list[float], float]:
-    """(latencies in s, elapsed s) for ``total`` requests from ``concurrency`` clients."""
+async def load(base: str, token: str, concurrency: int, total: int, new_tokens: int,
+               on_start: Callable[[], None] = lambda: None) -> tuple[list[float], float]:
+    """(latencies in s, elapsed s) for ``total`` requests from ``concurrency`` clients,
+    after a short warm-up; ``on_start`` is called when the timed part begins."""
     per_client = max(1, total // concurrency)
     latencies: list[float] = []
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
-        async def client(c: int) -> None:
-            for i in range(per_client):
+        async def client(c: int, count: int = per_client) -> None:
+            for i in range(count):
                 start = time.perf_counter()
                 async with session.post(f"{base}/v1/generate", headers=headers, json={
                         "prompt": f"{PROMPT} ({c}.{i})", "max_new_tokens": new_tokens}) as r:
@@ -143,8 +145,9 @@ async def load(base: str, token: str, concurrency: int, total: int,
                     await r.read()
                 latencies.append(time.perf_counter() - start)
 
-        await client(-1)  # warm-up
+        await client(-1, min(per_client, 4))  # warm-up: connections and caches
         latencies.clear()
+        on_start()
         start = time.perf_counter()
         await asyncio.gather(*(client(c) for c in range(concurrency)))
         elapsed = time.perf_counter() - start
@@ -225,13 +228,13 @@ def main() -> None:
                 for round_ in range(args.rounds):
                     for name in (names if round_ % 2 == 0 else names[::-1]):
                         proc, base, token = servers[name]
-                        cpu_before = cpu_seconds(proc.pid)
+                        cpu_start: list[float] = []
                         latencies, elapsed = asyncio.run(load(
                             base, token, level, max(level, args.requests // args.rounds),
-                            args.new_tokens))
-                        # Includes the warm-up request of ``load``: one more than timed.
+                            args.new_tokens, lambda p=proc.pid, c=cpu_start: c.append(
+                                cpu_seconds(p))))
                         cpu[name][level] = cpu[name].get(level, 0.0) + (
-                            cpu_seconds(proc.pid) - cpu_before) / (len(latencies) + 1)
+                            cpu_seconds(proc.pid) - cpu_start[0]) / len(latencies)
                         kept, total = samples[name]
                         samples[name] = (kept + latencies, total + elapsed)
                 for name, (latencies, elapsed) in samples.items():

@@ -1,66 +1,79 @@
 """Logging that never blocks the event loop.
 
 Handlers that write to stdout block when nobody reads the pipe (a stalled log collector).
-Every log call therefore only puts the record on a bounded in-memory queue; one listener
-thread does the writing. When the queue is full the record is dropped and counted, so a
-stalled stdout costs log lines, never requests.
+Every log call therefore only appends the record to a bounded in-memory buffer; one writer
+thread drains it to the stream a few times a second. When the buffer is full the record
+is dropped and counted, so a stalled stdout costs log lines, never requests.
+
+The writer wakes on a timer, not per record: waking a thread for every access-log line
+cost the event loop a context switch per request under load.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
-import logging.handlers
-import queue
 import sys
 import threading
 from typing import TextIO
 
 ACTIVE: QueuedLogging | None = None  # set by setup_queued_logging, read by metrics
+DRAIN_INTERVAL_S = 0.05  # how stale a log line may be before it is written
 
 
-class DroppingQueueHandler(logging.handlers.QueueHandler):
-    """A queue handler that drops (and counts) records when its queue is full."""
+class BufferingHandler(logging.Handler):
+    """Keeps records in a bounded buffer (dropping and counting beyond it) for
+    ``QueuedLogging``'s writer thread; ``emit`` never blocks and never formats."""
 
-    def __init__(self, log_queue: queue.Queue[logging.LogRecord]) -> None:
-        super().__init__(log_queue)
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.buffer: collections.deque[logging.LogRecord] = collections.deque()
         self.dropped = 0
-        self._lock_dropped = threading.Lock()
 
-    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
-        # The queue stays in this process: the listener thread formats the record, so
-        # the caller (often the event loop) neither formats nor copies it.
-        return record
-
-    def enqueue(self, record: logging.LogRecord) -> None:
-        try:
-            self.queue.put_nowait(record)
-        except queue.Full:
-            with self._lock_dropped:
-                self.dropped += 1
+    def emit(self, record: logging.LogRecord) -> None:
+        # Called with this handler's lock held (logging.Handler.handle): exact counts.
+        if len(self.buffer) >= self.capacity:
+            self.dropped += 1
+        else:
+            self.buffer.append(record)
 
 
 class QueuedLogging:
-    """Root logging through a queue; ``stop()`` flushes what is queued."""
+    """Root logging through a buffer; ``stop()`` flushes what is buffered."""
 
-    def __init__(self, handler: DroppingQueueHandler,
-                 listener: logging.handlers.QueueListener) -> None:
-        self.handler, self.listener = handler, listener
+    def __init__(self, handler: BufferingHandler, output: logging.Handler,
+                 interval_s: float = DRAIN_INTERVAL_S) -> None:
+        self.handler, self.output, self.interval_s = handler, output, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._drain_loop, name="log-writer",
+                                        daemon=True)
+        self._thread.start()
 
     @property
     def dropped(self) -> int:
         return self.handler.dropped
 
+    def _drain_loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._drain()
+        self._drain()
+
+    def _drain(self) -> None:
+        buffer = self.handler.buffer
+        while buffer:
+            self.output.handle(buffer.popleft())  # may block on a stalled stream: only here
+
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Flush what is queued, waiting at most ``timeout_s`` for a stalled stream."""
+        """Flush what is buffered, waiting at most ``timeout_s`` for a stalled stream."""
         logging.getLogger().removeHandler(self.handler)
-        stopper = threading.Thread(target=self.listener.stop, daemon=True)
-        stopper.start()
-        stopper.join(timeout_s)
+        self._stop.set()
+        self._thread.join(timeout_s)
 
 
 def setup_queued_logging(level: int = logging.INFO, stream: TextIO | None = None,
                          capacity: int = 10_000) -> QueuedLogging:
-    """Route the root logger through a bounded queue to ``stream`` (stdout by default).
+    """Route the root logger through a bounded buffer to ``stream`` (stdout by default).
 
     Also turns off what the one-line format never shows and every log call would pay
     for (the logging HOWTO's "Optimization" settings): the caller's file and line (a
@@ -70,17 +83,14 @@ def setup_queued_logging(level: int = logging.INFO, stream: TextIO | None = None
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
-    log_queue: queue.Queue[logging.LogRecord] = queue.Queue(capacity)
     output = logging.StreamHandler(stream or sys.stdout)
     output.setFormatter(logging.Formatter("%(message)s"))
-    handler = DroppingQueueHandler(log_queue)
+    handler = BufferingHandler(capacity)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
-    listener = logging.handlers.QueueListener(log_queue, output, respect_handler_level=False)
-    listener.start()
     global ACTIVE
-    ACTIVE = QueuedLogging(handler, listener)
+    ACTIVE = QueuedLogging(handler, output)
     return ACTIVE

@@ -237,6 +237,14 @@ print("locked" if results == [1, 2] else f"unexpected {results}", flush=True)
 sys.stdin.readline()
 """
 
+# The issue's case exactly: the frozen process holds the lease too, so nobody may fence it
+# until its lease session has expired and another replica has taken the lease.
+HOLD_LEASE_AND_TREE_STATE_MID_PIPELINE = HOLD_TREE_STATE_MID_PIPELINE.replace(
+    "import sys\n", "import sys\nfrom ledger.store.integrator import PostgresLease\n"
+    "from ledger.store.sql import SqlLedger\n"
+    "lease = PostgresLease(SqlLedger(sys.argv[1]))\n"
+    "assert lease.try_acquire(), 'the helper must hold the lease'\n", 1)
+
 HOLD_LEASE = """
 import sys
 from ledger.store.integrator import PostgresLease
@@ -334,6 +342,37 @@ def test_a_writer_frozen_mid_pipeline_is_fenced_by_the_lease_holder(  # type: ig
         holder.wait()
     with SqlLedger(url) as ledger:
         assert ledger.tree_head()[0] == 1
+
+
+def test_a_lease_holder_frozen_mid_pipeline_is_fenced_once_the_lease_moves(  # type: ignore[no-untyped-def]
+        make_pg_database, tmp_path: Path) -> None:
+    url = str(make_pg_database())
+    upgrade(url)
+    holder = _helper(HOLD_LEASE_AND_TREE_STATE_MID_PIPELINE, url)
+    assert holder.stdout is not None
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        holder.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        signer = load_or_create_signer(tmp_path / "log.key", "audit-ledger.test/log")
+        with SqlLedger(url) as ledger:
+            survivor = Integrator(ledger, signer, signer.name, replica_id="survivor")
+            assert not survivor.is_leader  # the frozen helper holds the lease
+            survivor.start()
+            try:
+                receipt = ledger.append(make_record(0), timeout=OVERALL_S)
+                waited = time.monotonic() - stopped
+                assert receipt.leaf_index == 0
+                assert survivor.fenced_sessions == 1 and survivor.holds_lease
+            finally:
+                survivor.stop()
+            bound = ledger.pg.lease_ttl_s + ledger.pg.lease_ttl_s / 3
+        print(f"\nappend behind a lease holder frozen mid-pipeline committed after "
+              f"{waited:.2f} s (lease TTL {ledger.pg.lease_ttl_s} s + one tick: {bound:.1f} s)")
+    finally:
+        holder.send_signal(signal.SIGCONT)
+        holder.kill()
+        holder.wait()
 
 
 def test_fencing_ends_the_stuck_holder_only(make_pg_database) -> None:  # type: ignore[no-untyped-def]

@@ -213,11 +213,20 @@ class Integrator:
         return sealed
 
     def fence(self) -> int:
-        """As lease holder, end other replicas' writer sessions stuck on the sequencer."""
-        ended = self.ledger.fence_stuck_writers(self.ledger.pg.fence_after_s)
-        for pid, application, held_s in ended:
+        """As lease holder, end other replicas' writer sessions stuck on the sequencer.
+
+        Never raises: a failed fence must not stop sealing (a seal waits at most one
+        tick for the row anyway, and the next tick fences again)."""
+        try:
+            ended = self.ledger.fence_stuck_writers(self.ledger.pg.fence_after_s)
+        except (DBAPIError, BackendError) as exc:
+            log.warning("fencing stuck writers failed (%s: %s); sealing goes on",
+                        type(exc).__name__, str(exc).splitlines()[0][:200])
+            return 0
+        for pid, application, quiet_s in ended:
             log.warning("ended a stuck writer session (pid %d, %s): it had held the "
-                        "sequencer for %.1f s", pid, application, held_s)
+                        "sequencer, waiting on its client, for %.1f s", pid, application,
+                        quiet_s)
         self.fenced_sessions += len(ended)
         return len(ended)
 

@@ -38,7 +38,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.pool import NullPool
 
 from ledger import merkle
@@ -574,34 +574,55 @@ class SqlLedger:
     def fence_stuck_writers(self, older_than_s: float) -> list[tuple[int, str, float]]:
         """End other processes' writer sessions stuck holding the sequencer row.
 
-        A session qualifies when it belongs to another process's writer, has had its
-        transaction open for more than ``older_than_s``, holds a lock on ``tree_state``
-        and is not itself waiting on a lock (a waiter is a victim, not the culprit). Its
-        transaction is rolled back, so nothing it had not committed was acknowledged.
+        A session qualifies when it belongs to another process's writer, holds the
+        sequencer row (a row-level lock mode on ``tree_state``: ``FOR UPDATE`` or an
+        ``UPDATE``, not a plain read), and has been waiting on its client (idle inside
+        its transaction, or in the middle of a pipelined request) for more than
+        ``older_than_s`` since its last statement began. So a writer that queued for the
+        row and has just got it (it has just run a statement) and a writer running a
+        long statement (not waiting on its client) never qualify; a frozen one does.
+
+        Its transaction is rolled back, so nothing it had not committed was acknowledged.
         ``pg_terminate_backend`` acts even on a session blocked reading from or writing to
-        a frozen client, where a cancel (or ``statement_timeout``) would not. Returns
-        (pid, application name, seconds its transaction was open) for each one ended.
-        PostgreSQL only; the caller is the lease holder, so one replica fences at a time.
+        a frozen client, where a cancel (or ``statement_timeout``) would not. A session
+        this role may not see or signal (another role without ``pg_read_all_stats`` and
+        ``pg_signal_backend``; a superuser's) is skipped, and a refusal is logged.
+        Returns (pid, application name, seconds since its last statement) for each one
+        ended. PostgreSQL only; the caller is the lease holder, so one replica fences.
         """
         if not self.is_postgres:
             return []
-        query = text(
-            "SELECT a.pid, a.application_name,"
-            " EXTRACT(EPOCH FROM clock_timestamp() - a.xact_start)::float8 AS held_s,"
-            " pg_terminate_backend(a.pid) AS ended"
+        candidates = text(
+            "SELECT a.pid, a.application_name, EXTRACT(EPOCH FROM clock_timestamp()"
+            " - GREATEST(a.query_start, a.state_change))::float8 AS quiet_s"
             " FROM pg_stat_activity a"
             " WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()"
             " AND starts_with(a.application_name, :prefix) AND a.application_name <> :own"
-            " AND a.xact_start < clock_timestamp() - make_interval(secs => :after)"
-            " AND a.wait_event_type IS DISTINCT FROM 'Lock'"
+            " AND (a.state LIKE 'idle in transaction%' OR a.wait_event_type = 'Client')"
+            " AND GREATEST(a.query_start, a.state_change)"
+            "     < clock_timestamp() - make_interval(secs => :after)"
             " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.granted"
-            " AND l.relation = 'tree_state'::regclass)"
+            " AND l.relation = 'tree_state'::regclass AND l.mode <> 'AccessShareLock')"
         )
-        with self.engine.begin() as conn:
-            rows = conn.execute(query, {"prefix": WRITER_APPLICATION_PREFIX,
-                                        "own": WRITER_APPLICATION_PREFIX + PROCESS_TAG,
-                                        "after": older_than_s}).all()
-        return [(int(r.pid), str(r.application_name), float(r.held_s)) for r in rows if r.ended]
+        ended: list[tuple[int, str, float]] = []
+        with self.engine.connect() as conn:
+            rows = conn.execute(candidates, {"prefix": WRITER_APPLICATION_PREFIX,
+                                             "own": WRITER_APPLICATION_PREFIX + PROCESS_TAG,
+                                             "after": older_than_s}).all()
+            conn.rollback()
+            for row in rows:
+                try:
+                    done = conn.execute(text("SELECT pg_terminate_backend(:pid)"),
+                                        {"pid": row.pid}).scalar()
+                    conn.commit()
+                except DBAPIError as exc:  # e.g. a superuser's session: not ours to end
+                    conn.rollback()
+                    log.warning("cannot end stuck writer session %d (%s): %s", row.pid,
+                                row.application_name, str(exc.orig).splitlines()[0][:200])
+                    continue
+                if done:
+                    ended.append((int(row.pid), str(row.application_name), float(row.quiet_s)))
+        return ended
 
     # --- reading the tree -----------------------------------------------------------
 

@@ -419,6 +419,88 @@ def test_fencing_ends_the_stuck_holder_only(make_pg_database) -> None:  # type: 
         observer.dispose()
 
 
+def _xact_age_s(url: str, pid: int) -> float:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            age = conn.execute(text(
+                "SELECT EXTRACT(EPOCH FROM clock_timestamp() - xact_start)::float8"
+                " FROM pg_stat_activity WHERE starts_with(application_name, :p)"),
+                {"p": f"audit-ledger/writer/{pid}-"}).scalar()
+        return float(age or 0.0)
+    finally:
+        engine.dispose()
+
+
+def test_a_writer_that_queued_long_and_just_got_the_row_is_not_fenced(  # type: ignore[no-untyped-def]
+        make_pg_database) -> None:
+    """Fencing measures how long a session has waited on its client while holding the
+    row, not how old its transaction is: queueing behind a slow peer is not being stuck."""
+    import psycopg
+
+    url = str(make_pg_database())
+    upgrade(url)
+    fence_after_s = 3.0
+    dsn = url.replace("postgresql+psycopg://", "postgresql://")
+    # A slow but healthy holder (not a writer session, so never a fencing candidate).
+    with psycopg.connect(dsn, application_name="slow-peer") as slow:
+        slow.execute("SELECT size FROM tree_state WHERE id = 1 FOR UPDATE").fetchall()
+        queued = _helper(HOLD_TREE_STATE, url)
+        assert queued.stdout is not None
+        try:
+            # The queued writer's transaction grows older than the fence bound...
+            poll("the queued writer waits past the fence bound",
+                 lambda: _xact_age_s(url, queued.pid) > fence_after_s + 0.5, [])
+            slow.commit()  # ...then the slow holder lets go
+            assert queued.stdout.readline().strip() == "locked"  # it has the row now
+            with SqlLedger(url) as ledger:
+                assert ledger.fence_stuck_writers(fence_after_s) == []
+            assert _session_alive(url, f"audit-ledger/writer/{queued.pid}-")
+        finally:
+            queued.kill()
+            queued.wait()
+
+
+def test_a_plain_read_of_the_sequencer_is_not_fenced(make_pg_database) -> None:  # type: ignore[no-untyped-def]
+    import psycopg
+
+    url = str(make_pg_database())
+    upgrade(url)
+    dsn = url.replace("postgresql+psycopg://", "postgresql://")
+    # Named like another process's writer, in a transaction that only read the row.
+    with psycopg.connect(dsn, application_name="audit-ledger/writer/1-reader") as reader:
+        reader.execute("SELECT size FROM tree_state WHERE id = 1").fetchall()
+        with SqlLedger(url) as ledger:
+            assert ledger.fence_stuck_writers(0.0) == []
+        assert reader.execute("SELECT 1").fetchone() == (1,)  # still alive
+
+
+def test_a_failing_fence_does_not_stop_sealing(make_pg_database, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    from sqlalchemy.exc import ProgrammingError
+
+    url = str(make_pg_database())
+    upgrade(url)
+    signer = load_or_create_signer(tmp_path / "log.key", "audit-ledger.test/log")
+    with SqlLedger(url) as ledger:
+        def refused(older_than_s: float) -> list[tuple[int, str, float]]:
+            raise ProgrammingError("SELECT pg_terminate_backend(...)", {},
+                                   Exception("must be a superuser to terminate superuser "
+                                             "process"))
+
+        monkeypatch.setattr(ledger, "fence_stuck_writers", refused)
+        integrator = Integrator(ledger, signer, signer.name, replica_id="holder")
+        ledger.append(make_record(0))
+        with caplog.at_level(logging.WARNING):
+            sealed = integrator.seal_now()
+        assert sealed is not None and sealed.size == 1
+        assert any("fencing stuck writers failed" in r.getMessage() for r in caplog.records)
+        integrator.lease.release()
+
+
 def test_the_lease_moves_off_a_frozen_holder(make_pg_database, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     url = str(make_pg_database())
     upgrade(url)

@@ -1,8 +1,9 @@
 """Logging that never blocks the event loop.
 
 Handlers that write to stdout block when nobody reads the pipe (a stalled log collector).
-Every log call therefore only appends the record to a bounded in-memory buffer; one writer
-thread drains it to the stream a few times a second. When the buffer is full the record
+Every log call therefore only appends the record (its message and any traceback already
+rendered to text) to a bounded in-memory buffer; one writer thread drains it to the
+stream a few times a second. When the buffer is full the record
 is dropped and counted, so a stalled stdout costs log lines, never requests.
 
 The writer wakes on a timer, not per record: waking a thread for every access-log line
@@ -19,6 +20,7 @@ from typing import TextIO
 
 ACTIVE: QueuedLogging | None = None  # set by setup_queued_logging, read by metrics
 DRAIN_INTERVAL_S = 0.05  # how stale a log line may be before it is written
+_TRACEBACKS = logging.Formatter()
 
 
 class BufferingHandler(logging.Handler):
@@ -35,8 +37,15 @@ class BufferingHandler(logging.Handler):
         # Called with this handler's lock held (logging.Handler.handle): exact counts.
         if len(self.buffer) >= self.capacity:
             self.dropped += 1
-        else:
-            self.buffer.append(record)
+            return
+        # Freeze what the record says now: its arguments may change before the writer
+        # formats it, and a live traceback would pin every frame's locals meanwhile.
+        if record.args:
+            record.msg, record.args = record.getMessage(), None
+        if record.exc_info:
+            record.exc_text = _TRACEBACKS.formatException(record.exc_info)
+            record.exc_info = None
+        self.buffer.append(record)
 
 
 class QueuedLogging:

@@ -437,14 +437,16 @@ class SqlLedger:
 
     def _writer_loop(self) -> None:
         group: list[_Pending] = []
+        carried: _Pending | list[_Pending] | None = None  # did not fit the last group
         try:
             stopping = False
-            while not stopping:
-                first = self._queue.get()
+            while not stopping or carried is not None:
+                first = carried if carried is not None else self._queue.get()
+                carried = None
                 if first is None:
                     break
                 group = list(first) if isinstance(first, list) else [first]
-                while len(group) < MAX_GROUP:
+                while len(group) < MAX_GROUP and not stopping:
                     try:
                         item = self._queue.get_nowait()
                     except queue.Empty:
@@ -452,10 +454,11 @@ class SqlLedger:
                     if item is None:
                         stopping = True
                         break
-                    if isinstance(item, list):
-                        group.extend(item)
-                    else:
-                        group.append(item)
+                    items = item if isinstance(item, list) else [item]
+                    if len(group) + len(items) > MAX_GROUP:
+                        carried = item  # a batch is never split: it opens the next group
+                        break
+                    group.extend(items)
                 if not group:
                     continue
                 try:
@@ -469,6 +472,8 @@ class SqlLedger:
                 self.failure = exc
             log.critical("the ledger writer thread died", exc_info=True)
             died = WorkerDiedError("ledger-writer")
+            if carried is not None:
+                group = group + (carried if isinstance(carried, list) else [carried])
             self._answer(group, [died] * len(group))
             self._fail_queued(died)
             raise

@@ -113,6 +113,25 @@ def test_a_batch_appended_together_gets_one_outcome_per_record(ledger_url: str) 
         assert ledger.tree_head()[0] == 3
 
 
+def test_groups_stay_within_max_group_and_never_split_a_batch(
+        ledger_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures import Future
+
+    from ledger.store import sql
+
+    monkeypatch.setattr(sql, "MAX_GROUP", 5)
+    ledger = SqlLedger(ledger_url)
+    batches = [[sql._Pending(make_record(10 * b + i)) for i in range(3)] for b in range(3)]
+    for batch in batches:  # queued before the writer starts: it finds them all at once
+        ledger._queue.put(batch)
+    with ledger:
+        receipts = [[p.future.result(timeout=60) for p in batch if isinstance(p.future, Future)]
+                    for batch in batches]
+        assert ledger.groups_committed == 3  # 3 + 3 > 5: each batch opened its own group
+    assert [[r.leaf_index for r in batch] for batch in receipts] == \
+        [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+
+
 def test_restart_continues_the_tree(ledger_url: str, signer: NoteSigner) -> None:
     with SqlLedger(ledger_url) as ledger:
         for i in range(7):

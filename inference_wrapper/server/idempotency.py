@@ -105,6 +105,13 @@ class Idempotency:
             # answer (a retry must not generate a second record).
             await self._store(tenant, key, owner, {"problem": problem.to_dict()})
             raise
+        except asyncio.CancelledError:
+            # Cancelled from outside (the process is going away): whether the record
+            # commits is not known here, so the key is not released; a retry finds it
+            # pending until the claim goes stale, never a second record at once.
+            log.warning("an idempotent request was cancelled; its key stays claimed until "
+                        "its claim goes stale")
+            raise
         except BaseException:
             # Nothing was committed: let a retry generate.
             try:

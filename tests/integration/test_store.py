@@ -318,3 +318,36 @@ def test_a_late_owner_of_a_taken_over_claim_neither_stores_nor_releases(
     assert store.claim("bank-a", "k2", mark, stale_after_s=600, owner="c") is None
     assert store.release("bank-a", "k2", "c") is True and store.get("bank-a", "k2") is None
     engine.dispose()
+
+
+def test_an_idempotent_request_cancelled_from_outside_keeps_its_key(ledger_url: str) -> None:
+    """Cancelled (the process going away), it cannot know whether its record will commit:
+    the key stays claimed rather than letting a retry make a second record at once."""
+    from inference_wrapper.server.idempotency import Idempotency
+    from ledger.store.receipts import ReceiptStore
+    from ledger.store.sql import make_engine
+
+    engine = make_engine(ledger_url)
+    store = ReceiptStore(engine)
+    idempotency = Idempotency(store, timeout_s=60)
+
+    async def scenario() -> None:
+        assert store.claim("bank-a", "k", b"m" * 32, stale_after_s=600, owner="a") is None
+        started = asyncio.Event()
+
+        async def work() -> tuple[dict[str, object], dict[str, str]]:
+            started.set()
+            await asyncio.Event().wait()  # in the model, say, when the process stops
+            raise AssertionError("unreachable")
+
+        task = asyncio.get_running_loop().create_task(
+            idempotency._run("bank-a", "k", "a", work))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    held = store.get("bank-a", "k")
+    assert held is not None and held.state == "pending" and held.owner == "a"
+    engine.dispose()

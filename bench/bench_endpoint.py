@@ -199,6 +199,7 @@ def main() -> None:
         env = dict(os.environ, AUDIT_LEDGER_HOME=tmp, PYTHONUNBUFFERED="1")
         results: dict[str, dict[int, tuple[float, float, float]]] = {}
         cpu: dict[str, dict[int, float]] = {}  # server CPU seconds per request, summed
+        slices: dict[tuple[str, int], list[float]] = {}  # requests/s of each slice
         configs: dict[str, list[str] | None] = {
             "(a) audited, batching": ["--max-batch", "32"],
             "(c) bare, batching": None,
@@ -237,6 +238,7 @@ def main() -> None:
                             cpu_seconds(proc.pid) - cpu_start[0]) / len(latencies)
                         kept, total = samples[name]
                         samples[name] = (kept + latencies, total + elapsed)
+                        slices.setdefault((name, level), []).append(len(latencies) / elapsed)
                 for name, (latencies, elapsed) in samples.items():
                     results.setdefault(name, {})[level] = summary(latencies, elapsed)
                     rps, p50, p99 = results[name][level]
@@ -263,6 +265,16 @@ def main() -> None:
             b = results["(b) audited, batch 1"]
             line += f"; batching gain (a)/(b) = {a[level][0] / b[level][0]:.2f}x"
         print(line)
+    # Neighbouring slices see nearly the same machine: the median of their ratios shrugs
+    # off the drifts (other work, frequency) that move the totals above.
+    for level in levels:
+        pairs = sorted(x / y for x, y in zip(slices[("(a) audited, batching", level)],
+                                             slices[("(c) bare, batching", level)],
+                                             strict=True))
+        quarter = len(pairs) // 4
+        print(f"c={level}: audited/bare throughput, median of {len(pairs)} neighbouring "
+              f"slice pairs = {statistics.median(pairs):.3f} (middle half "
+              f"{pairs[quarter]:.3f}-{pairs[len(pairs) - 1 - quarter]:.3f})")
     # CPU time is what auditing adds to each request whatever the machine's noise: the
     # server process's own user + system time (every thread), per request served.
     for level in levels:

@@ -39,6 +39,15 @@ from ledger.vault_errors import ContentNotKeptError
 log = logging.getLogger(__name__)
 
 
+FILL_WINDOWS = 4  # a batch waits at most this many max_wait windows to fill
+
+
+def fill_deadline(started: float, latest_arrival: float, max_wait_s: float) -> float:
+    """When a filling batch stops waiting: ``max_wait_s`` after its latest arrival, and
+    never later than ``FILL_WINDOWS`` windows after it began to fill."""
+    return min(started + max_wait_s * FILL_WINDOWS, latest_arrival + max_wait_s)
+
+
 class Journal(Protocol):
     """Where records go: the ledger's durable append."""
 
@@ -228,14 +237,20 @@ class Batcher:
             if not self._waiting:
                 self._wakeup.clear()
                 await self._wakeup.wait()
-            # Give the batch up to max_wait to fill, unless it is already full.
-            deadline = loop.time() + self.max_wait_s
+            # Let the batch fill while requests keep coming: up to max_wait after the
+            # latest arrival, never more than FILL_WINDOWS windows in all, unless full.
+            # Callers answered together come back together but not at once; a fixed
+            # window cut them into a full batch and a straggler batch that cost nearly
+            # as much model time again.
+            start = loop.time()
+            deadline = fill_deadline(start, start, self.max_wait_s)
             while len(self._waiting) < self.max_batch and loop.time() < deadline:
                 self._wakeup.clear()
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), deadline - loop.time())
                 except TimeoutError:
                     break
+                deadline = fill_deadline(start, loop.time(), self.max_wait_s)
             batch = self._take_batch()
             if not batch:
                 continue

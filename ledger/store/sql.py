@@ -481,7 +481,15 @@ class SqlLedger:
     def _commit_group(self, group: list[_Pending]) -> None:
         outcomes: list[Receipt | BaseException]
         try:
-            outcomes = list(self._write(group))
+            try:
+                # Optimistic: record ids are fresh UUIDv7s, so the group is inserted
+                # without first looking its ids up; the unique index still refuses a
+                # repeated id, and then the group is written again with the lookup
+                # (a retried append answers with its first receipt).
+                outcomes = list(self._write(group, look_up_ids=False))
+            except IntegrityError:
+                self._compact = None  # the failed attempt advanced our in-memory tree
+                outcomes = list(self._write(group, look_up_ids=True))
         except Exception as exc:  # every waiter must hear about the failure
             self._compact = None  # our view of the tree may be stale now
             error: Exception
@@ -512,7 +520,7 @@ class SqlLedger:
             except RuntimeError:  # that event loop is closed: nobody is waiting any more
                 log.warning("dropped %d answers for a closed event loop", len(items))
 
-    def _write(self, group: list[_Pending]) -> list[Receipt | Exception]:
+    def _write(self, group: list[_Pending], look_up_ids: bool) -> list[Receipt | Exception]:
         # Plain SQL throughout: building these statements with SQLAlchemy's expression
         # language cost more CPU per group than running them.
         mark = self._mark
@@ -523,7 +531,7 @@ class SqlLedger:
                 # Another process appended, or we just started: reload O(log n) nodes.
                 compact = merkle.CompactRange.load(size, lambda keys: _read_nodes(conn, keys))
 
-            ids = list({p.record.record_id for p in group})
+            ids = list({p.record.record_id for p in group}) if look_up_ids else []
             existing = {
                 row.record_id: row
                 for start in range(0, len(ids), 500)  # bound the number of parameters
@@ -536,6 +544,7 @@ class SqlLedger:
             assigned: dict[str, Receipt] = {}
             record_rows: list[tuple[Any, ...]] = []
             node_rows: list[tuple[int, int, bytes]] = []
+            created_at: dict[str, Any] = {}
             for pending in group:
                 record = pending.record
                 earlier = existing.get(record.record_id)
@@ -553,9 +562,12 @@ class SqlLedger:
                 node_rows.extend((level, idx, node_hash) for (level, idx), node_hash
                                  in compact.append(record.leaf_hash))
                 columns = mirror_columns(record)
-                created = parse_timestamp(columns["created_at"])
-                # SQLite keeps DATETIME as text in SQLAlchemy's own format.
-                columns["created_at"] = created if self.is_postgres else _sqlite_datetime(created)
+                stamp = columns["created_at"]
+                if stamp not in created_at:  # a batch's records share one timestamp
+                    created = parse_timestamp(stamp)
+                    # SQLite keeps DATETIME as text in SQLAlchemy's own format.
+                    created_at[stamp] = created if self.is_postgres else _sqlite_datetime(created)
+                columns["created_at"] = created_at[stamp]
                 columns["leaf_index"] = index
                 columns["canonical"] = record.canonical
                 record_rows.append(tuple(columns[c] for c in RECORD_INSERT_COLUMNS))

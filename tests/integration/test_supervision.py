@@ -28,10 +28,10 @@ def _gate_writer(ledger: SqlLedger) -> tuple[threading.Event, threading.Event]:
     entered, release = threading.Event(), threading.Event()
     real = ledger._write
 
-    def gated(group: Any) -> Any:
+    def gated(group: Any, **options: Any) -> Any:
         entered.set()
         assert release.wait(60), "the test never released the writer"
-        return real(group)
+        return real(group, **options)
 
     ledger._write = gated  # type: ignore[method-assign]
     return entered, release
@@ -69,11 +69,11 @@ def test_a_failing_group_gets_its_error_and_the_writer_goes_on(ledger: SqlLedger
     real = ledger._write
     calls = []
 
-    def fail_once(group: Any) -> Any:
+    def fail_once(group: Any, **options: Any) -> Any:
         calls.append(len(group))
         if len(calls) == 1:
             raise RuntimeError("injected failure")
-        return real(group)
+        return real(group, **options)
 
     ledger._write = fail_once  # type: ignore[method-assign]
     with pytest.raises(BackendError, match="append failed"):
@@ -87,7 +87,7 @@ def test_a_dead_writer_fails_every_waiter_and_refuses_new_appends(ledger: SqlLed
     entered, release = _gate_writer(ledger)
     real = ledger._write
 
-    def die(group: Any) -> Any:
+    def die(group: Any, **options: Any) -> Any:
         entered.set()
         assert release.wait(60)
         raise SystemExit("injected: the writer thread ends")  # not an Exception
@@ -131,7 +131,7 @@ async def test_a_dead_worker_gives_503_flips_readiness_and_calls_for_exit(
     client = await aiohttp_client(app)
     token = app[KEYS].create("bank-a", "client")[0]
 
-    def die(group: Any) -> Any:
+    def die(group: Any, **options: Any) -> Any:
         raise SystemExit("injected: the writer thread ends")
 
     app[LEDGER]._write = die  # type: ignore[method-assign]

@@ -13,8 +13,9 @@ VM, a partition) stops renewing, the server ends its session, the lock is free, 
 another replica takes it on its next tick. The holder checks its session is alive before
 every seal, so a replica that wakes up after losing its session seals nothing.
 
-The holder also fences: on every tick it ends other processes' writer sessions that have
-held the ``tree_state`` row too long (``SqlLedger.fence_stuck_writers``). A replica frozen
+The holder also fences: on every tick it ends other processes' writer sessions that hold
+the ``tree_state`` row while waiting too long on their client
+(``SqlLedger.fence_stuck_writers``). A replica frozen
 between statements is ended by the server's idle-in-transaction timeout anyway, but one
 frozen in the middle of a pipelined insert leaves its session "active" with no timeout
 armed, and only a terminate frees the sequencer then.

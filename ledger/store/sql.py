@@ -109,12 +109,12 @@ class PgSessionSettings:
     - ``statement_timeout_s``: the longest one statement of a request or tool session may
       run (writer sessions have none: see ``make_engine``).
     - ``fence_after_s``: the lease holder ends (``pg_terminate_backend``) another
-      process's writer session that has held the ``tree_state`` row this long without
-      waiting on a lock. The idle-in-transaction timeout cannot end every frozen writer:
-      one frozen in the middle of a pipelined batch (psycopg's ``executemany``) leaves its
-      session "active", waiting for the rest of the batch, and the server arms that
-      timeout only between complete requests. Keep it above the longest healthy writer
-      transaction (milliseconds; a seal by the holder itself is never fenced).
+      process's writer session that holds the ``tree_state`` row and has waited on its
+      client this long since its last statement (``SqlLedger.fence_stuck_writers``). The
+      idle-in-transaction timeout cannot end every frozen writer: one frozen in the middle
+      of a pipelined batch (psycopg's ``executemany``) leaves its session "active",
+      waiting for the rest of the batch, and the server arms that timeout only between
+      complete requests. Healthy writers wait on their client for milliseconds.
     - ``lease_ttl_s``: the lease session is ended by the server when it has not been
       renewed for this long (``idle_session_timeout``); the holder renews it at least
       three times per TTL, so another replica takes the lease at most this long (plus one

@@ -21,7 +21,13 @@ from inference_wrapper.model import LoadedModel
 from inference_wrapper.params import MAX_SEED, GenerationParams, Limits, validate_prompt
 from ledger.canonical import Canonical, json_number
 from ledger.digest import commit_text, new_salt
-from ledger.record import AuditRecord, build_record, utc_timestamp
+from ledger.record import (
+    RECORD_SCHEMA,
+    AuditRecord,
+    RecordFamily,
+    new_record_id,
+    utc_timestamp,
+)
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,18 @@ class RowStreamer:
         """Nothing is held back here: the receiver decodes (``streamable_text``)."""
 
 
+# The leaves of a record that change from row to row of one batch (optional members,
+# when present, too); every other leaf is the same for the whole batch.
+ROW_LEAVES = [
+    "record_id", "tenant", "timings_ms.parse",
+    "data.input_commitment", "data.input_bytes", "data.input_ids_digest",
+    "data.input_token_count", "data.truncated", "data.attention_mask.real_tokens",
+    "data.attention_mask.padding", "data.attention_mask.digest", "data.output_ids_digest",
+    "data.output_token_count", "data.output_commitment", "data.finish_reason",
+    "data.batch.row", "data.batch.padding_applied",
+]
+
+
 class AuditedGenerator:
     """Runs generate calls and returns each output with its audit record."""
 
@@ -199,6 +217,8 @@ class AuditedGenerator:
         self._model = Canonical.of(
             {"name": loaded.name, "digest": loaded.digest, "pinned": loaded.pinned}
         )
+        self._sections = {"model": self._model, "hardware": self._hardware,
+                          "software": self._software}
 
     # --- the steps ------------------------------------------------------------------
 
@@ -319,19 +339,30 @@ class AuditedGenerator:
         )
 
     def seal(self, batch: BatchResult) -> list[AuditedOutput]:
-        """Turn a batch's results into one record per request."""
+        """Turn a batch's results into one record per request.
+
+        The rows' records share every leaf but those in ``ROW_LEAVES`` (and the optional
+        ones), so they are canonicalized through one layout (``RecordFamily``) instead
+        of one full encoding each.
+        """
         rows = len(batch.requests)
         padded_length = len(batch.input_ids[0])
         batch_id = uuid.uuid4().hex  # lets an auditor regroup the records of one generate
         created_at = utc_timestamp()  # the records of one batch are sealed together
         generation = {k: json_number(v) if isinstance(v, float) else v
                       for k, v in batch.params.to_dict().items()}  # same bytes, fast path
+        timings = {k: json_number(round(float(v), 3)) for k, v in batch.timings_ms.items()}
+        family = RecordFamily(self._sections, ROW_LEAVES)
+        padding_side, multiple = self.contract.padding_side, self.contract.pad_to_multiple_of
+        model, hardware, software = (self._model.value, self._hardware.value,
+                                     self._software.value)
         results = []
         for row, request in enumerate(batch.requests):
             mask = batch.attention_mask[row]
             real = sum(mask)
             padding = padded_length - real
             text = batch.texts[row]
+            output_ids = batch.output_ids[row]
             data = DataFingerprint(
                 input_commitment=commit_text(request.input_salt, request.prompt),
                 input_bytes=len(request.prompt.encode("utf-8")),
@@ -343,11 +374,11 @@ class AuditedGenerator:
                     length=padded_length,
                     real_tokens=real,
                     padding=padding,
-                    padding_side=self.contract.padding_side,
+                    padding_side=padding_side,
                     digest=token_ids_digest(mask),
                 ),
-                output_ids_digest=token_ids_digest(batch.output_ids[row]),
-                output_token_count=len(batch.output_ids[row]),
+                output_ids_digest=token_ids_digest(output_ids),
+                output_token_count=len(output_ids),
                 output_commitment=commit_text(request.output_salt, text),
                 finish_reason=batch.finish_reasons[row],
                 generation=generation,
@@ -356,30 +387,36 @@ class AuditedGenerator:
                     "size": rows,
                     "row": row,
                     "padded_length": padded_length,
-                    "pad_to_multiple_of": self.contract.pad_to_multiple_of,
+                    "pad_to_multiple_of": multiple,
                     "padding_applied": padding,
                 },
             )
             data_members = data.to_dict()
             # Present only when asked for, so records without them keep their old shape.
+            optional: tuple[str, ...] = ()
             if request.stop:
                 data_members["stop"] = list(request.stop)
+                optional += ("data.stop",)
             if request.user is not None:
                 data_members["user_commitment"] = commit_text(request.user_salt, request.user)
+                optional += ("data.user_commitment",)
             if request.stream_start_id is not None:
                 data_members["stream_start_record_id"] = request.stream_start_id
-            record = build_record(
-                tenant=request.tenant,
-                model=self._model,
-                hardware=self._hardware,
-                software=self._software,
-                data=data_members,
-                timings_ms={"parse": request.parse_ms, **batch.timings_ms},
-                created_at=created_at,
-            )
+                optional += ("data.stream_start_record_id",)
+            body = {
+                "schema": RECORD_SCHEMA,
+                "record_id": new_record_id(),
+                "created_at": created_at,
+                "tenant": request.tenant,
+                "model": model,
+                "hardware": hardware,
+                "software": software,
+                "data": data_members,
+                "timings_ms": {**timings, "parse": json_number(round(request.parse_ms, 3))},
+            }
             results.append(
-                AuditedOutput(text, record, request.input_salt, request.output_salt,
-                              batch.output_ids[row],
+                AuditedOutput(text, family.record(body, optional), request.input_salt,
+                              request.output_salt, output_ids,
                               request.user_salt if request.user is not None else None)
             )
         return results

@@ -205,3 +205,101 @@ def _object_by_members(members: dict[str, Any]) -> bytes:
 def _member_name(key: str) -> bytes:
     """``"key":`` (records use a handful of member names, over and over)."""
     return canonical_bytes(key) + b":"
+
+
+
+class LayoutError(ValueError):
+    """A layout could not be compiled (a path is missing, or a placeholder did not
+    occur exactly once)."""
+
+
+class Layout:
+    """Canonical bytes of many objects that share every key and differ in a few leaves.
+
+    A batch's records have the same members; only some leaves (record id, tenant,
+    commitments, digests, counts) change from row to row. The object is encoded once,
+    with each varying leaf (named by its path, ``"data.input_commitment"``) standing in
+    as a placeholder string, and the bytes are cut at the placeholders. ``fill(body)``
+    joins the pieces with each varying leaf of ``body`` encoded alone: exact because
+    RFC 8785 writes a value without regard to its siblings once the (fixed) keys are
+    ordered. Every other leaf of ``body`` must equal the template's; the caller builds
+    its bodies from the same constants. ``tests/unit/test_canonical.py`` compares
+    ``fill`` with ``canonical_bytes`` on random values.
+    """
+
+    def __init__(self, members: dict[str, Any], varying: list[str]) -> None:
+        """``members``: one object of the family (top-level values may be ``Canonical``);
+        ``varying``: the paths of the leaves that change from object to object."""
+        if len(set(varying)) != len(varying):
+            raise LayoutError(f"a path is listed twice in {varying}")
+        stand_in = dict(members)
+        for path in varying:
+            *parents, last = path.split(".")
+            if not path.replace("_", "").replace(".", "").isalpha() or not path.isascii():
+                raise LayoutError(f"paths are ASCII letters, '_' and '.', not {path!r}")
+            holder = stand_in
+            try:
+                for key in parents:
+                    holder[key] = dict(holder[key])  # copied: the caller's stays intact
+                    holder = holder[key]
+                holder[last]  # noqa: B018 - the leaf must exist
+            except (KeyError, TypeError) as exc:
+                raise LayoutError(f"no leaf at {path!r}") from exc
+            holder[last] = _slot_placeholder(path)
+        data = canonical_object(stand_in)
+        cuts = []
+        for path in varying:
+            quoted = b'"' + _slot_placeholder(path).encode("ascii") + b'"'
+            at = data.find(quoted)
+            if at < 0 or data.find(quoted, at + 1) >= 0:
+                raise LayoutError(f"the placeholder of {path!r} did not occur exactly once")
+            cuts.append((at, at + len(quoted), tuple(path.split("."))))
+        cuts.sort()
+        pieces, start = [], 0
+        for at, end, _ in cuts:
+            pieces.append(data[start:at])
+            start = end
+        pieces.append(data[start:])
+        self._first = pieces[0]
+        self._rest = tuple((keys, piece) for (_, _, keys), piece
+                           in zip(cuts, pieces[1:], strict=True))
+
+    def fill(self, body: Any) -> bytes:
+        """The canonical bytes of ``body``, a member of this layout's family."""
+        parts = [self._first]
+        for keys, piece in self._rest:
+            value = body
+            for key in keys:
+                value = value[key]
+            parts.append(encode_leaf(value))
+            parts.append(piece)
+        return b"".join(parts)
+
+
+def _slot_placeholder(path: str) -> str:
+    return _PLACEHOLDER + "slot-" + path.replace(".", "-")
+
+
+_SAFE_INT = 2**53
+
+
+def encode_leaf(value: Any) -> bytes:
+    """``canonical_bytes(value)``, with shortcuts for the leaves records are made of.
+
+    A string of printable ASCII without ``"`` or ``\\`` is its own JSON text between
+    quotes; an int in the safe range is its decimal digits; anything else (other text,
+    floats, lists) takes the full encoder.
+    """
+    kind = type(value)
+    if kind is str:
+        if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+            text: bytes = value.encode("ascii")
+            return b'"' + text + b'"'
+    elif kind is int:
+        if -_SAFE_INT < value < _SAFE_INT:
+            return str(value).encode("ascii")
+    elif value is True:
+        return b"true"
+    elif value is False:
+        return b"false"
+    return canonical_bytes(value)

@@ -17,6 +17,8 @@ from typing import Any
 from ledger import content_records, merkle
 from ledger.canonical import (
     Canonical,
+    Layout,
+    LayoutError,
     canonical_bytes,
     canonical_object,
     json_number,
@@ -119,6 +121,38 @@ def build_record(
     validate_body(body)
     data_bytes = canonical_object(members)
     return AuditRecord(body, data_bytes, merkle.hash_leaf(data_bytes))
+
+
+class RecordFamily:
+    """Records that differ only in known leaves (a batch's rows), canonicalized through
+    one ``Layout`` per combination of optional members.
+
+    Each layout is compiled from the first record of its kind, whose bytes are also
+    encoded in full (sections spliced, as ``build_record`` does) and compared: a layout
+    that disagrees is never used (``LayoutError``). Callers build every body from the
+    same constants and list every leaf that changes from row to row in ``varying``.
+    """
+
+    def __init__(self, sections: Mapping[str, Canonical], varying: list[str]) -> None:
+        self._sections = dict(sections)  # spliced as they are: computed once per process
+        self._varying = varying
+        self._layouts: dict[tuple[str, ...], Layout] = {}
+
+    def record(self, body: dict[str, Any], optional: tuple[str, ...] = ()) -> AuditRecord:
+        """``body``'s record; ``optional``: the paths of its optional leaves (part of its
+        kind, and varying too)."""
+        layout = self._layouts.get(optional)
+        if layout is None:
+            validate_body(body)
+            members = {**body, **self._sections}
+            layout = Layout(members, [*self._varying, *optional])
+            if layout.fill(body) != canonical_object(members):
+                raise LayoutError("a record layout disagrees with the full encoding")
+            self._layouts[optional] = layout
+        elif not body["tenant"] or type(body["tenant"]) is not str:
+            validate_body(body)  # raises: the one per-row leaf a caller supplies
+        data = layout.fill(body)
+        return AuditRecord(body, data, merkle.hash_leaf(data))
 
 
 def _validate_audit_record(body: Mapping[str, Any]) -> None:

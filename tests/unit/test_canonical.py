@@ -147,3 +147,76 @@ def test_spliced_objects_equal_whole_canonicalization(members: dict) -> None:  #
     wrapped = {key: Canonical.of(value) if wrap else value
                for key, (wrap, value) in members.items()}
     assert canonical_object(wrapped) == expected
+
+
+@settings(max_examples=int(os.environ.get("CANONICAL_EXAMPLES", "3000")), deadline=None)
+@given(json_scalars)
+def test_leaf_shortcuts_equal_the_reference(value: object) -> None:
+    from ledger.canonical import encode_leaf
+
+    expected = _reference(value)
+    if expected is None:
+        with pytest.raises(CanonicalFormError):
+            encode_leaf(value)
+    else:
+        assert encode_leaf(value) == expected
+
+
+_path_keys = st.text(alphabet=st.sampled_from(["a", "b", "z", "_"]), min_size=1, max_size=3)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.data())
+def test_layout_fill_equals_whole_canonicalization(data: st.DataObject) -> None:
+    """A family of objects: a template, some leaves (by path) varying; every member's
+    filled bytes equal RFC 8785's bytes of that member."""
+    from ledger.canonical import Canonical, Layout
+
+    inner = data.draw(st.dictionaries(_path_keys, json_scalars, min_size=1, max_size=4))
+    template = data.draw(st.dictionaries(st.text(max_size=3), json_values, max_size=4))
+    template["s"] = inner
+    template["c"] = data.draw(json_values)
+    varying = ["s." + key for key in data.draw(st.lists(st.sampled_from(sorted(inner)),
+                                                        unique=True, min_size=1))]
+    if data.draw(st.booleans()):
+        template["top"] = data.draw(json_scalars)
+        varying.append("top")
+    assume(_reference(template) is not None)
+    layout = Layout({**template, "c": Canonical.of(template["c"])}, varying)
+    for _ in range(3):
+        member = dict(template, s=dict(inner))
+        for path in varying:
+            value = data.draw(json_values)
+            if path == "top":
+                member["top"] = value
+            else:
+                member["s"][path[2:]] = value
+        expected = _reference(member)
+        if expected is None:  # a value the reference refuses: the layout refuses it too
+            with pytest.raises(CanonicalFormError):
+                layout.fill(member)
+        else:
+            assert layout.fill(member) == expected
+
+
+@pytest.mark.parametrize("members, varying, message", [
+    ({"a": 1}, ["b"], "no leaf at 'b'"),
+    ({"a": 1}, ["a.b"], "no leaf at 'a.b'"),
+    ({"a": {"b": 1}}, ["a-b"], "paths are ASCII letters"),
+    ({"a": {"b": 1}}, ["a.b", "a.b"], "listed twice"),
+])
+def test_layout_refuses_what_it_cannot_lay_out(members: dict, varying: list[str],  # type: ignore[type-arg]
+                                               message: str) -> None:
+    from ledger.canonical import Layout, LayoutError
+
+    with pytest.raises(LayoutError, match=message):
+        Layout(members, varying)
+
+
+def test_layout_refuses_a_template_that_spells_its_placeholder() -> None:
+    from ledger import canonical
+    from ledger.canonical import Layout, LayoutError
+
+    clash = canonical._slot_placeholder("a.b")  # what no caller can guess, given anyway
+    with pytest.raises(LayoutError, match="'a.b' did not occur exactly once"):
+        Layout({"a": {"b": 1}, "c": clash}, ["a.b"])

@@ -64,6 +64,35 @@ def test_batch_rows_get_their_own_mask_and_composition(tiny_generator: Any) -> N
     assert len({o.record.record_id for o in outs}) == 3
 
 
+def test_batch_records_equal_the_reference_encoding(tiny_generator: Any) -> None:
+    """A batch's records are canonicalized through one layout per kind of row; each must
+    equal RFC 8785's bytes of its body, whatever its tenant, stop strings and user."""
+    import dataclasses
+
+    import rfc8785
+
+    params = GenerationParams(max_new_tokens=4)
+    # Two rows of each kind, differing in every leaf a caller chooses.
+    rows = [
+        ("t1", {}), ('quote"tenant', {}),
+        ("\u00e9t\u00e9", {"stop": ("\u00e9\"\\", "\U0001f600\n")}), ("t2", {"stop": ("x",)}),
+        ("\U0001f601", {"user": "u\u2028\x00"}), ("t1", {"user": "plain"}),
+        ("t3", {"stop": ("x",), "user": "a"}), ("t4", {"stop": ("\x7f",), "user": "\\"}),
+    ]
+    requests = [tiny_generator.prepare(f"prompt {i}" * (i + 1), params, tenant, **extra)
+                for i, (tenant, extra) in enumerate(rows)]
+    requests += [dataclasses.replace(requests[i], stream_start_id=f"start-{i}\u00e9")
+                 for i in (0, 1)]
+    outs = tiny_generator.generate_batch(requests)
+    for out in outs:
+        assert out.record.canonical == rfc8785.dumps(dict(out.record.body))
+        assert out.record.leaf_hash == merkle.hash_leaf(out.record.canonical)
+    assert [o.record.tenant for o in outs] == [t for t, _ in rows] + [rows[0][0], rows[1][0]]
+    assert outs[2].record.body["data"]["stop"] == ["\u00e9\"\\", "\U0001f600\n"]
+    assert outs[9].record.body["data"]["stream_start_record_id"] == "start-1\u00e9"
+    assert len({o.record.body["data"]["batch"]["id"] for o in outs}) == 1
+
+
 STRIP = ("record_id", "created_at")
 
 

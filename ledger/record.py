@@ -127,9 +127,11 @@ class RecordFamily:
     """Records that differ only in known leaves (a batch's rows), canonicalized through
     one ``Layout`` per combination of optional members.
 
-    Each layout is compiled from the first record of its kind, whose bytes are also
-    encoded in full (sections spliced, as ``build_record`` does) and compared: a layout
-    that disagrees is never used (``LayoutError``). Callers build every body from the
+    The first record of a kind is encoded in full (sections spliced, as
+    ``build_record`` does). A second record of the kind compiles the layout from the
+    first body and checks it against the first record's bytes before using it: a layout
+    that disagrees is never used (``LayoutError``). A kind with a single record (a batch
+    of one) so costs no more than ``build_record``. Callers build every body from the
     same constants and list every leaf that changes from row to row in ``varying``.
     """
 
@@ -137,20 +139,26 @@ class RecordFamily:
         self._sections = dict(sections)  # spliced as they are: computed once per process
         self._varying = varying
         self._layouts: dict[tuple[str, ...], Layout] = {}
+        self._firsts: dict[tuple[str, ...], AuditRecord] = {}
 
     def record(self, body: dict[str, Any], optional: tuple[str, ...] = ()) -> AuditRecord:
         """``body``'s record; ``optional``: the paths of its optional leaves (part of its
         kind, and varying too)."""
+        if not body["tenant"] or type(body["tenant"]) is not str:
+            validate_body(body)  # raises: the one per-row leaf a caller supplies
         layout = self._layouts.get(optional)
         if layout is None:
-            validate_body(body)
-            members = {**body, **self._sections}
-            layout = Layout(members, [*self._varying, *optional])
-            if layout.fill(body) != canonical_object(members):
+            first = self._firsts.get(optional)
+            if first is None:
+                validate_body(body)
+                data = canonical_object({**body, **self._sections})
+                record = AuditRecord(body, data, merkle.hash_leaf(data))
+                self._firsts[optional] = record
+                return record
+            layout = Layout({**first.body, **self._sections}, [*self._varying, *optional])
+            if layout.fill(first.body) != first.canonical:
                 raise LayoutError("a record layout disagrees with the full encoding")
             self._layouts[optional] = layout
-        elif not body["tenant"] or type(body["tenant"]) is not str:
-            validate_body(body)  # raises: the one per-row leaf a caller supplies
         data = layout.fill(body)
         return AuditRecord(body, data, merkle.hash_leaf(data))
 

@@ -37,7 +37,9 @@ def canonical_bytes(value: Any) -> bytes:
     except (TypeError, ValueError, RecursionError) as exc:
         return _reference_bytes(value, exc)
     shape = data.translate(_SHAPE)
-    if (b"!" in shape or b"0.0 " in shape or shape.endswith(b"0.0")
+    if (b"!" in shape
+            or ((b"0.0 " in shape or shape.endswith(b"0.0"))
+                and _has_integral_float(data))
             or (b"e+0" in shape and _EXPONENT_FLOAT.search(shape) is not None)
             or (b"0" * 16 in shape and _LONG_INTEGER.search(shape) is not None)):
         return _reference_bytes(value)
@@ -52,10 +54,13 @@ def canonical_bytes(value: Any) -> bytes:
 #   exponent (Python ``1e-05``, ``1.5e+16``; ECMAScript ``0.00001``,
 #   ``15000000000000000``); Python writes one digit before the point and at least two in
 #   the exponent, which spares text such as a UUID's ``7e-8``;
-# - ``0.0`` then a space or the end: an integral float (Python ``5.0``, ``-0.0``;
+# - ``0.0`` then a space or the end: maybe an integral float (Python ``5.0``, ``-0.0``;
 #   ECMAScript ``5``, ``0``), since a number is always followed by ``,``, ``]``, ``}`` (all
-#   spaces in the shape) or the end; a fixed-point float that is not integral has the same
-#   shortest round-trip digits in both;
+#   spaces in the shape) or the end. The bytes themselves then decide (``_has_integral_float``:
+#   digits after neither a letter, a digit, a point nor a sign, then ``.0``, then ``,``,
+#   ``]``, ``}`` or the end), which spares ``1.5`` and version strings (``"2.13.0"``, in
+#   every record's software section). A fixed-point float that is not integral has the
+#   same shortest round-trip digits in both;
 # - 16 digits in a row after neither a letter, a digit nor a point: an integer that may
 #   lie outside RFC 8785's safe range (hex digests, often with such runs, are spared);
 # - ``!``: a character outside the Basic Multilingual Plane, where code-point order (the
@@ -69,6 +74,34 @@ _SHAPE = bytes(
     for b in range(256)
 )
 _EXPONENT_FLOAT = re.compile(rb"(?<![0ae.])0(?:\.0+)?e\+00")
+_NOT_BEFORE_A_NUMBER = frozenset(
+    b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz.+-")
+
+
+def _has_integral_float(data: bytes) -> bool:
+    """Whether ``data`` may hold a float written as ``<digits>.0`` (see ``_SHAPE``).
+
+    Each ``.0`` followed by ``,``, ``]``, ``}`` or the end is looked at (``bytes.find``,
+    far quicker than a regular expression with a lookbehind): the digits before it, an
+    optional ``-``, and before them neither a letter, a digit, a point nor a sign.
+    """
+    ends = [len(data) - 2] if data.endswith(b".0") else []
+    for tail in (b".0,", b".0]", b".0}"):
+        at = data.find(tail)
+        while at >= 0:
+            ends.append(at)
+            at = data.find(tail, at + 1)
+    for dot in ends:
+        start = dot
+        while start > 0 and 48 <= data[start - 1] <= 57:  # ASCII digits
+            start -= 1
+        if start == dot:
+            continue
+        if start > 0 and data[start - 1] == 45:  # "-"
+            start -= 1
+        if start == 0 or data[start - 1] not in _NOT_BEFORE_A_NUMBER:
+            return True
+    return False
 _LONG_INTEGER = re.compile(rb"(?<![0ae.])0{16}")
 _FAST_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True,
                                  separators=(",", ":"))

@@ -113,6 +113,8 @@ def test_fast_path_equals_the_reference_implementation(value: object) -> None:
 
 @pytest.mark.parametrize("value, expected", [
     ({"t": 12.0}, b'{"t":12}'), ({"t": -0.0}, b'{"t":0}'), ([1e-05], b"[0.00001]"),
+    (5.0, b"5"), ([-5.0, "2.13.0", 10.0], b'[-5,"2.13.0",10]'), ({"v": "1.0", "n": -120.0},
+                                                                b'{"n":-120,"v":"1.0"}'),
     ([1e16], b"[10000000000000000]"), ([0.5, 10.25], b"[0.5,10.25]"),
     ({"v": "2.13.0", "d": "sha256:1e+16"}, b'{"d":"sha256:1e+16","v":"2.13.0"}'),
     ({"\U0001f600": 1, "\uff61": 2}, '{"\U0001f600":1,"\uff61":2}'.encode()),
@@ -220,3 +222,28 @@ def test_layout_refuses_a_template_that_spells_its_placeholder() -> None:
     clash = canonical._slot_placeholder("a.b")  # what no caller can guess, given anyway
     with pytest.raises(LayoutError, match="'a.b' did not occur exactly once"):
         Layout({"a": {"b": 1}, "c": clash}, ["a.b"])
+
+
+def test_version_strings_stay_on_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every record's software section holds versions such as "2.13.0"; they look like
+    an integral float only to a careless check, and must not cost the reference path."""
+    from ledger import canonical
+
+    def refuse(*_: object) -> bytes:
+        raise AssertionError("the reference path was taken")
+
+    monkeypatch.setattr(canonical, "_reference_bytes", refuse)
+    value = {"torch": {"version": "2.13.0"}, "driver": "550.54.0", "tag": "v1.0", "n": 1.5}
+    assert canonical_bytes(value) == (b'{"driver":"550.54.0","n":1.5,"tag":"v1.0",'
+                                      b'"torch":{"version":"2.13.0"}}')
+
+
+@pytest.mark.parametrize("data, found", [
+    (b"5.0", True), (b"[-5.0]", True), (b'{"a":10.0}', True), (b"[1,2.0,3]", True),
+    (b'"2.13.0"', False), (b"[1.5]", False), (b"[1.05]", False), (b'["v1.0"]', False),
+    (b'["550.54.0"]', False), (b"[.0]", False), (b'["a-1.0"]', False),
+])
+def test_integral_float_check_reads_the_bytes(data: bytes, found: bool) -> None:
+    from ledger.canonical import _has_integral_float
+
+    assert _has_integral_float(data) is found

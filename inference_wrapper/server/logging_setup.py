@@ -51,7 +51,7 @@ class BufferingHandler(logging.Handler):
 class QueuedLogging:
     """Root logging through a buffer; ``stop()`` flushes what is buffered."""
 
-    def __init__(self, handler: BufferingHandler, output: logging.Handler,
+    def __init__(self, handler: BufferingHandler, output: logging.StreamHandler[TextIO],
                  interval_s: float = DRAIN_INTERVAL_S) -> None:
         self.handler, self.output, self.interval_s = handler, output, interval_s
         self._stop = threading.Event()
@@ -69,9 +69,22 @@ class QueuedLogging:
         self._drain()
 
     def _drain(self) -> None:
-        buffer = self.handler.buffer
+        # One write per drain, not one per line: each write releases and retakes the
+        # GIL, and every retake can keep the event loop or the model thread waiting.
+        buffer, lines = self.handler.buffer, []
         while buffer:
-            self.output.handle(buffer.popleft())  # may block on a stalled stream: only here
+            record = buffer.popleft()
+            try:
+                lines.append(self.output.format(record) + "\n")
+            except Exception:  # a record that cannot be formatted costs its own line only
+                self.output.handleError(record)
+        if not lines:
+            return
+        try:
+            self.output.stream.write("".join(lines))  # may block on a stalled stream: here
+            self.output.flush()
+        except Exception:  # as StreamHandler.emit would: reported, never raised
+            self.output.handleError(record)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Flush what is buffered, waiting at most ``timeout_s`` for a stalled stream."""

@@ -121,8 +121,11 @@ class Batcher:
         queue_limit: int = 256,
         observe: Callable[[str, float], None] | None = None,
         retain: RetainHook | None = None,
+        gil_switch_interval_s: float | None = GIL_SWITCH_INTERVAL_S,
     ) -> None:
         self.generator = generator
+        self._switch_interval_s = gil_switch_interval_s  # None: leave the process's own
+        self._restore_switch_interval: float | None = None
         self.retain = retain
         self.journal = journal
         self.max_batch = max_batch
@@ -152,8 +155,12 @@ class Batcher:
         return self.failure is None
 
     def start(self) -> None:
-        # Process-wide, and set by every batcher alike (the bench's bare handler too).
-        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
+        # Process-wide (decision 25), set by every batcher alike (the bench's bare handler
+        # too), only ever lowered, and restored when the batcher has drained.
+        wanted, current = self._switch_interval_s, sys.getswitchinterval()
+        if wanted is not None and wanted < current:
+            self._restore_switch_interval = current
+            sys.setswitchinterval(wanted)
         self._runner = asyncio.get_running_loop().create_task(self._run(), name="batcher")
         self._runner.add_done_callback(self._runner_done)
 
@@ -224,6 +231,9 @@ class Batcher:
         finished = self.outstanding == 0
         self._model_thread.shutdown(wait=finished, cancel_futures=True)
         self._audit_thread.shutdown(wait=finished, cancel_futures=True)
+        if self._restore_switch_interval is not None:
+            sys.setswitchinterval(self._restore_switch_interval)
+            self._restore_switch_interval = None
 
     def _take_batch(self) -> list[_Job]:
         gone = [j for j in self._waiting

@@ -171,14 +171,14 @@ class RowStreamer:
 
 # The leaves of a record that change from row to row of one batch (optional members,
 # when present, too); every other leaf is the same for the whole batch.
-ROW_LEAVES = [
+ROW_LEAVES = (
     "record_id", "tenant", "timings_ms.parse",
     "data.input_commitment", "data.input_bytes", "data.input_ids_digest",
     "data.input_token_count", "data.truncated", "data.attention_mask.real_tokens",
     "data.attention_mask.padding", "data.attention_mask.digest", "data.output_ids_digest",
     "data.output_token_count", "data.output_commitment", "data.finish_reason",
     "data.batch.row", "data.batch.padding_applied",
-]
+)
 
 
 class AuditedGenerator:
@@ -412,13 +412,15 @@ class AuditedGenerator:
                 "hardware": hardware,
                 "software": software,
                 "data": data_members,
-                "timings_ms": {**timings, "parse": json_number(round(request.parse_ms, 3))},
+                "timings_ms": {**timings,
+                               "parse": json_number(round(float(request.parse_ms), 3))},
             }
             results.append(
                 AuditedOutput(text, family.record(body, optional), request.input_salt,
                               request.output_salt, output_ids,
                               request.user_salt if request.user is not None else None)
             )
+        family.check_last()  # a per-row leaf missing from ROW_LEAVES fails loudly here
         return results
 
     def stream_start(self, request: PreparedRequest, route: str) -> AuditRecord:

@@ -11,6 +11,7 @@ import json
 import math
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -260,7 +261,7 @@ class Layout:
     ``fill`` with ``canonical_bytes`` on random values.
     """
 
-    def __init__(self, members: dict[str, Any], varying: list[str]) -> None:
+    def __init__(self, members: dict[str, Any], varying: Sequence[str]) -> None:
         """``members``: one object of the family (top-level values may be ``Canonical``);
         ``varying``: the paths of the leaves that change from object to object."""
         if len(set(varying)) != len(varying):
@@ -271,13 +272,13 @@ class Layout:
             if not path.replace("_", "").replace(".", "").isalpha() or not path.isascii():
                 raise LayoutError(f"paths are ASCII letters, '_' and '.', not {path!r}")
             holder = stand_in
-            try:
-                for key in parents:
-                    holder[key] = dict(holder[key])  # copied: the caller's stays intact
-                    holder = holder[key]
-                holder[last]  # noqa: B018 - the leaf must exist
-            except (KeyError, TypeError) as exc:
-                raise LayoutError(f"no leaf at {path!r}") from exc
+            for key in parents:
+                if type(holder.get(key)) is not dict:
+                    raise LayoutError(f"no leaf at {path!r}: {key!r} is not an object")
+                holder[key] = dict(holder[key])  # copied: the caller's stays intact
+                holder = holder[key]
+            if last not in holder:
+                raise LayoutError(f"no leaf at {path!r}")
             holder[last] = _slot_placeholder(path)
         data = canonical_object(stand_in)
         cuts = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -132,14 +132,17 @@ class RecordFamily:
     first body and checks it against the first record's bytes before using it: a layout
     that disagrees is never used (``LayoutError``). A kind with a single record (a batch
     of one) so costs no more than ``build_record``. Callers build every body from the
-    same constants and list every leaf that changes from row to row in ``varying``.
+    same constants and list every leaf that changes from row to row in ``varying``;
+    ``check_last`` encodes the last record of each kind in full, so that a leaf that
+    varies but is not listed fails the batch instead of reaching the log.
     """
 
-    def __init__(self, sections: Mapping[str, Canonical], varying: list[str]) -> None:
+    def __init__(self, sections: Mapping[str, Canonical], varying: Sequence[str]) -> None:
         self._sections = dict(sections)  # spliced as they are: computed once per process
-        self._varying = varying
+        self._varying = tuple(varying)
         self._layouts: dict[tuple[str, ...], Layout] = {}
         self._firsts: dict[tuple[str, ...], AuditRecord] = {}
+        self._lasts: dict[tuple[str, ...], AuditRecord] = {}  # filled through a layout
 
     def record(self, body: dict[str, Any], optional: tuple[str, ...] = ()) -> AuditRecord:
         """``body``'s record; ``optional``: the paths of its optional leaves (part of its
@@ -151,7 +154,7 @@ class RecordFamily:
             first = self._firsts.get(optional)
             if first is None:
                 validate_body(body)
-                data = canonical_object({**body, **self._sections})
+                data = self._full(body)
                 record = AuditRecord(body, data, merkle.hash_leaf(data))
                 self._firsts[optional] = record
                 return record
@@ -160,7 +163,19 @@ class RecordFamily:
                 raise LayoutError("a record layout disagrees with the full encoding")
             self._layouts[optional] = layout
         data = layout.fill(body)
-        return AuditRecord(body, data, merkle.hash_leaf(data))
+        record = AuditRecord(body, data, merkle.hash_leaf(data))
+        self._lasts[optional] = record
+        return record
+
+    def check_last(self) -> None:
+        """Encode the latest layout-filled record of each kind in full and compare."""
+        for record in self._lasts.values():
+            if self._full(record.body) != record.canonical:
+                raise LayoutError("a record's bytes disagree with its body: a leaf that "
+                                  "varies from row to row is missing from the layout")
+
+    def _full(self, body: Mapping[str, Any]) -> bytes:
+        return canonical_object({**body, **self._sections})
 
 
 def _validate_audit_record(body: Mapping[str, Any]) -> None:

@@ -17,3 +17,30 @@ def test_each_arrival_extends_the_window_from_itself() -> None:
 
 def test_the_wait_is_capped_however_long_requests_keep_coming() -> None:
     assert fill_deadline(10.0, 10.5, 0.005) == pytest.approx(10.0 + 0.005 * FILL_WINDOWS)
+
+
+def test_a_batcher_shortens_the_gil_switch_interval_until_it_has_drained() -> None:
+    """Decision 25: lowered while batching (never raised), the process's own value back
+    after the drain; ``None`` leaves it alone."""
+    import asyncio
+    import sys
+
+    from inference_wrapper.batcher import GIL_SWITCH_INTERVAL_S, Batcher
+
+    async def run(interval: float | None) -> float:
+        batcher = Batcher(object(), object(), gil_switch_interval_s=interval)  # type: ignore[arg-type]
+        batcher.start()
+        during = sys.getswitchinterval()
+        await batcher.drain(timeout_s=5.0)
+        return during
+
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+        assert asyncio.run(run(GIL_SWITCH_INTERVAL_S)) == pytest.approx(GIL_SWITCH_INTERVAL_S)
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        assert asyncio.run(run(None)) == pytest.approx(0.005)
+        sys.setswitchinterval(0.0001)  # already lower: never raised
+        assert asyncio.run(run(GIL_SWITCH_INTERVAL_S)) == pytest.approx(0.0001)
+    finally:
+        sys.setswitchinterval(before)

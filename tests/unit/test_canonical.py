@@ -206,6 +206,8 @@ def test_layout_fill_equals_whole_canonicalization(data: st.DataObject) -> None:
     ({"a": 1}, ["a.b"], "no leaf at 'a.b'"),
     ({"a": {"b": 1}}, ["a-b"], "paths are ASCII letters"),
     ({"a": {"b": 1}}, ["a.b", "a.b"], "listed twice"),
+    ({"a": "xy"}, ["a.b"], "'a' is not an object"),
+    ({"a": [["b", 1]]}, ["a.b"], "'a' is not an object"),
 ])
 def test_layout_refuses_what_it_cannot_lay_out(members: dict, varying: list[str],  # type: ignore[type-arg]
                                                message: str) -> None:

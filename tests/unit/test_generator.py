@@ -93,6 +93,30 @@ def test_batch_records_equal_the_reference_encoding(tiny_generator: Any) -> None
     assert len({o.record.body["data"]["batch"]["id"] for o in outs}) == 1
 
 
+def test_a_per_row_leaf_missing_from_the_layout_fails_the_batch(
+        tiny_generator: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should someone add a per-row leaf to the record and not to ROW_LEAVES, the later
+    rows would carry the first row's value in their bytes: sealing refuses instead."""
+    from inference_wrapper import generator as generator_module
+    from ledger.canonical import LayoutError
+
+    leaves = tuple(leaf for leaf in generator_module.ROW_LEAVES if leaf != "data.input_bytes")
+    monkeypatch.setattr(generator_module, "ROW_LEAVES", leaves)
+    params = GenerationParams(max_new_tokens=2)
+    requests = [tiny_generator.prepare("a" * (i + 1), params) for i in range(3)]
+    with pytest.raises(LayoutError, match="missing from the layout"):
+        tiny_generator.generate_batch(requests)
+
+
+def test_an_integral_parse_time_seals(tiny_generator: Any) -> None:
+    import dataclasses
+
+    request = dataclasses.replace(tiny_generator.prepare("hi", GenerationParams(
+        max_new_tokens=2)), parse_ms=0)
+    out = tiny_generator.generate_batch([request, request])
+    assert [o.record.body["timings_ms"]["parse"] for o in out] == [0, 0]
+
+
 STRIP = ("record_id", "created_at")
 
 

@@ -22,10 +22,10 @@ from inference_wrapper.params import MAX_SEED, GenerationParams, Limits, validat
 from ledger.canonical import Canonical, json_number
 from ledger.digest import commit_text, new_salt
 from ledger.record import (
-    RECORD_SCHEMA,
     AuditRecord,
     RecordFamily,
-    new_record_id,
+    record_members,
+    timings_json,
     utc_timestamp,
 )
 
@@ -351,7 +351,7 @@ class AuditedGenerator:
         created_at = utc_timestamp()  # the records of one batch are sealed together
         generation = {k: json_number(v) if isinstance(v, float) else v
                       for k, v in batch.params.to_dict().items()}  # same bytes, fast path
-        timings = {k: json_number(round(float(v), 3)) for k, v in batch.timings_ms.items()}
+        timings = timings_json(batch.timings_ms)
         family = RecordFamily(self._sections, ROW_LEAVES)
         padding_side, multiple = self.contract.padding_side, self.contract.pad_to_multiple_of
         model, hardware, software = (self._model.value, self._hardware.value,
@@ -403,18 +403,10 @@ class AuditedGenerator:
             if request.stream_start_id is not None:
                 data_members["stream_start_record_id"] = request.stream_start_id
                 optional += ("data.stream_start_record_id",)
-            body = {
-                "schema": RECORD_SCHEMA,
-                "record_id": new_record_id(),
-                "created_at": created_at,
-                "tenant": request.tenant,
-                "model": model,
-                "hardware": hardware,
-                "software": software,
-                "data": data_members,
-                "timings_ms": {**timings,
-                               "parse": json_number(round(float(request.parse_ms), 3))},
-            }
+            body = record_members(
+                tenant=request.tenant, model=model, hardware=hardware, software=software,
+                data=data_members, created_at=created_at,
+                timings_ms={**timings, **timings_json({"parse": request.parse_ms})})
             results.append(
                 AuditedOutput(text, family.record(body, optional), request.input_salt,
                               request.output_salt, output_ids,

@@ -75,6 +75,9 @@ _SHAPE = bytes(
     for b in range(256)
 )
 _EXPONENT_FLOAT = re.compile(rb"(?<![0ae.])0(?:\.0+)?e\+00")
+_LONG_INTEGER = re.compile(rb"(?<![0ae.])0{16}")
+_FAST_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True,
+                                 separators=(",", ":"))
 _NOT_BEFORE_A_NUMBER = frozenset(
     b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz.+-")
 
@@ -103,9 +106,6 @@ def _has_integral_float(data: bytes) -> bool:
         if start == 0 or data[start - 1] not in _NOT_BEFORE_A_NUMBER:
             return True
     return False
-_LONG_INTEGER = re.compile(rb"(?<![0ae.])0{16}")
-_FAST_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True,
-                                 separators=(",", ":"))
 
 
 def json_number(value: float) -> int | float:
@@ -239,7 +239,6 @@ def _object_by_members(members: dict[str, Any]) -> bytes:
 def _member_name(key: str) -> bytes:
     """``"key":`` (records use a handful of member names, over and over)."""
     return canonical_bytes(key) + b":"
-
 
 
 class LayoutError(ValueError):

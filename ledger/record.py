@@ -90,6 +90,31 @@ class AuditRecord:
 Section = Mapping[str, Any] | Canonical
 
 
+def timings_json(timings_ms: Mapping[str, float]) -> dict[str, int | float]:
+    """Phase timings as records hold them: milliseconds rounded to the microsecond, an
+    integral one as an int (the same RFC 8785 bytes, and the canonical fast path)."""
+    return {k: json_number(round(float(v), 3)) for k, v in timings_ms.items()}
+
+
+def record_members(*, tenant: str, model: Section, hardware: Section, software: Section,
+                   data: dict[str, Any], timings_ms: dict[str, int | float],
+                   record_id: str | None = None, created_at: str | None = None
+                   ) -> dict[str, Any]:
+    """The members of an ``audit-record/v1``, in one place; ``timings_ms`` as
+    ``timings_json`` returns them. Sections stay as given (plain or ``Canonical``)."""
+    return {
+        "schema": RECORD_SCHEMA,
+        "record_id": record_id or new_record_id(),
+        "created_at": created_at or utc_timestamp(),
+        "tenant": tenant,
+        "model": model,
+        "hardware": hardware,
+        "software": software,
+        "data": data,
+        "timings_ms": timings_ms,
+    }
+
+
 def build_record(
     *,
     tenant: str,
@@ -106,17 +131,10 @@ def build_record(
     Sections passed as ``Canonical`` (computed once per process) are spliced in as they
     are; the result is byte-identical to canonicalizing the whole body.
     """
-    members: dict[str, Any] = {
-        "schema": RECORD_SCHEMA,
-        "record_id": record_id or new_record_id(),
-        "created_at": created_at or utc_timestamp(),
-        "tenant": tenant,
-        "model": model,
-        "hardware": hardware,
-        "software": software,
-        "data": dict(data),
-        "timings_ms": {k: json_number(round(float(v), 3)) for k, v in timings_ms.items()},
-    }
+    members = record_members(tenant=tenant, model=model, hardware=hardware,
+                             software=software, data=dict(data),
+                             timings_ms=timings_json(timings_ms), record_id=record_id,
+                             created_at=created_at)
     body = {k: v.value if isinstance(v, Canonical) else v for k, v in members.items()}
     validate_body(body)
     data_bytes = canonical_object(members)

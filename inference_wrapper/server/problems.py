@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from inference_wrapper.batcher import QueueFullError, ShuttingDownError
 from ledger.error_map import http_status_for
 from ledger.errors import BackendError, DuplicateRecordError, InvalidInputError, LedgerError
 
@@ -116,6 +117,17 @@ class CommittedProblem(Problem):
 
 def invalid(field: str, detail: str, status: int = 422, code: str | None = None) -> Problem:
     return Problem(status, "Invalid request", detail, field=field, code=code)
+
+
+def not_admitted(error: QueueFullError | ShuttingDownError | TimeoutError,
+                 timeout_detail: str = "") -> Problem:
+    """The answer for a generate request the batcher did not take (queue full, shutting
+    down) or did not finish in time; ``timeout_detail`` is added to the timeout's text."""
+    if isinstance(error, QueueFullError):
+        return Problem(503, "Service Unavailable", str(error), headers={"Retry-After": "1"})
+    if isinstance(error, ShuttingDownError):
+        return Problem(503, "Service Unavailable", str(error), headers={"Retry-After": "5"})
+    return Problem(504, "Gateway Timeout", "generation did not finish in time" + timeout_detail)
 
 
 def internal_error(request_id: str) -> Problem:

@@ -44,7 +44,7 @@ from inference_wrapper.server.content import (
     subject_from,
 )
 from inference_wrapper.server.idempotency import Rendered, key_from
-from inference_wrapper.server.problems import CommittedProblem, Problem, invalid
+from inference_wrapper.server.problems import CommittedProblem, Problem, invalid, not_admitted
 from inference_wrapper.server.replica import replica_status
 from inference_wrapper.server.streaming import stream_answer
 from inference_wrapper.server.validation import (
@@ -290,12 +290,8 @@ async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
         async with asyncio.timeout(request.app[SETTINGS].request_timeout_s):  # no extra task
             rendered = await work()
         return web.json_response(rendered[0], headers=rendered[1])
-    except QueueFullError as exc:
-        raise Problem(503, "Service Unavailable", str(exc), headers={"Retry-After": "1"}) from exc
-    except ShuttingDownError as exc:
-        raise Problem(503, "Service Unavailable", str(exc), headers={"Retry-After": "5"}) from exc
-    except TimeoutError as exc:
-        raise Problem(504, "Gateway Timeout", "generation did not finish in time") from exc
+    except (QueueFullError, ShuttingDownError, TimeoutError) as exc:
+        raise not_admitted(exc) from exc
     except CallerGoneError as exc:  # nobody reads this answer; it keeps the log clean
         raise Problem(503, "Service Unavailable", "the request was dropped before it ran: "
                       "its caller went away", headers={"Retry-After": "1"}) from exc

@@ -29,7 +29,7 @@ from aiohttp import web
 from inference_wrapper.batcher import Answer, QueueFullError, ShuttingDownError, TokenFeed
 from inference_wrapper.generator import PreparedRequest, streamable_text
 from inference_wrapper.server.appkeys import BATCHER, GENERATOR, LEDGER, SETTINGS
-from inference_wrapper.server.problems import CommittedProblem, Problem
+from inference_wrapper.server.problems import CommittedProblem, Problem, not_admitted
 from ledger.error_map import http_status_for
 from ledger.errors import BackendError
 from ledger.vault_errors import ContentNotKeptError
@@ -199,14 +199,9 @@ def _retrieved(task: asyncio.Future[Answer]) -> None:
 def failure(error: BaseException, start_id: str, *, streaming: bool) -> Problem:
     """What to answer (or, once text was sent, what the error line says) when the
     request fails after its start record committed."""
-    if isinstance(error, QueueFullError):
-        return Problem(503, "Service Unavailable", str(error), headers={"Retry-After": "1"})
-    if isinstance(error, ShuttingDownError):
-        return Problem(503, "Service Unavailable", str(error), headers={"Retry-After": "5"})
-    if isinstance(error, TimeoutError):
-        return Problem(504, "Gateway Timeout", "generation did not finish in time"
-                       + (f" (stream start record {start_id}; the completed record may "
-                          "still be committed)" if streaming else ""))
+    if isinstance(error, QueueFullError | ShuttingDownError | TimeoutError):
+        return not_admitted(error, f" (stream start record {start_id}; the completed record "
+                            "may still be committed)" if streaming else "")
     if isinstance(error, ContentNotKeptError):  # before BackendError: its record did commit
         return not_kept(error, start_id)
     if isinstance(error, BackendError):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,55 +16,39 @@ from sqlalchemy import text
 from inference_wrapper.server.app import KEYS, LEDGER, VAULT, create_app
 from inference_wrapper.server.settings import Settings
 from ledger.stream_record import STREAM_START_SCHEMA
+from tests.wrapped_generator import WrappedGenerator
 
 MakeClient = Callable[..., Awaitable[Any]]
 
 
-class CountingGenerator:
-    """The tiny generator, counting the requests that reach the model."""
+class CountingGenerator(WrappedGenerator):
+    """The tiny generator, counting the requests that reach the model (generation waits
+    while a test closes the gate)."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner = inner
+        super().__init__(inner, gate_open=True)
         self.generated = 0
-        self.gate = threading.Event()  # generation waits until the test opens it
-        self.gate.set()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     def run_batch(self, requests: Sequence[Any], min_length: int = 0) -> Any:
         self.generated += len(requests)
-        assert self.gate.wait(120), "the test never opened the gate"
+        self.wait_for_gate()
         return self.inner.run_batch(requests, min_length)
 
 
-class NoStreaming:
+class NoStreaming(WrappedGenerator):
     """The tiny generator with no streamer: a stream's text is all there only once its
     record is committed, so a failure comes before any text (and before the headers)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     def run_batch(self, requests: Sequence[Any], min_length: int = 0,
                   on_step: Any = None) -> Any:
         return self.inner.run_batch(requests, min_length)
 
 
-class HeldSeal:
+class HeldSeal(WrappedGenerator):
     """The tiny generator; sealing (the records) waits until the test has seen text."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.gate = threading.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
     def seal(self, batch: Any) -> Any:
-        assert self.gate.wait(120), "the test never opened the gate"
+        self.wait_for_gate()
         return self.inner.seal(batch)
 
 

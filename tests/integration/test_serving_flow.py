@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -19,24 +18,21 @@ from inference_wrapper.server.app import BATCHER, IDEMPOTENCY, KEYS, LEDGER, cre
 from inference_wrapper.server.settings import Settings
 from ledger.digest import commitment_matches
 from ledger.stream_record import STREAM_START_SCHEMA
+from tests.wrapped_generator import WrappedGenerator
 
 MakeClient = Callable[..., Any]
 
 
-class GatedGenerator:
+class GatedGenerator(WrappedGenerator):
     """The tiny generator, but ``run_batch`` waits until the test opens the gate."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.gate = threading.Event()
+        super().__init__(inner)
         self.batches: list[int] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     def run_batch(self, requests: Sequence[Any], min_length: int = 0) -> Any:
         self.batches.append(len(requests))
-        assert self.gate.wait(120), "the test never opened the gate"
+        self.wait_for_gate()
         return self.inner.run_batch(requests, min_length)
 
 

@@ -21,6 +21,7 @@ from inference_wrapper.server.app import BATCHER, KEYS, LEDGER, create_app
 from inference_wrapper.server.settings import Settings
 from ledger.digest import commitment_matches
 from ledger.stream_record import STREAM_START_SCHEMA
+from tests.wrapped_generator import WrappedGenerator
 
 MakeClient = Callable[..., Any]
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -264,22 +265,18 @@ def test_only_text_that_can_no_longer_change_is_streamable(tiny_generator: Any) 
 # --- a streamed and a plain request in one batch ---------------------------------------
 
 
-class GatedGenerator:
+class GatedGenerator(WrappedGenerator):
     """The tiny generator; ``run_batch`` waits for the gate and notes whether it was
     given a step callback (a streamer)."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.gate = threading.Event()
+        super().__init__(inner)
         self.streamed: list[bool] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     def run_batch(self, requests: Sequence[Any], min_length: int = 0,
                   on_step: Any = None) -> Any:
         self.streamed.append(on_step is not None)
-        assert self.gate.wait(120), "the test never opened the gate"
+        self.wait_for_gate()
         return self.inner.run_batch(requests, min_length, on_step=on_step)
 
 
@@ -380,19 +377,12 @@ def _canonicals(app: Any) -> list[bytes]:
         return [row.canonical for row in conn.execute(text("SELECT canonical FROM records"))]
 
 
-class DifferentText:
+class DifferentText(WrappedGenerator):
     """A deliberate bug: the answer's text is not what was streamed. Sealing waits until
     the test has seen text, so the mismatch is found at the end."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.gate = threading.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
     def seal(self, batch: Any) -> Any:
-        assert self.gate.wait(120), "the test never opened the gate"
+        self.wait_for_gate()
         return [replace(out, text="#" + out.text) for out in self.inner.seal(batch)]
 
 

@@ -23,7 +23,7 @@ import functools
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -65,6 +65,9 @@ class Journal(Protocol):
 # Called with each batch's durable (request, output, receipt) triples, on the audit thread,
 # before the answers are released: the content vault keeps what the tenant's policy says.
 RetainHook = Callable[[list[tuple[PreparedRequest, AuditedOutput, Any]]], None]
+# Asked on the event loop, from memory: may any of these tenants keep content? When it
+# answers False the batch skips the retain step and its hop to the audit thread.
+RetainNeeded = Callable[[Iterable[str]], bool]
 
 
 class QueueFullError(LedgerError):
@@ -121,12 +124,14 @@ class Batcher:
         queue_limit: int = 256,
         observe: Callable[[str, float], None] | None = None,
         retain: RetainHook | None = None,
+        retain_needed: RetainNeeded | None = None,
         gil_switch_interval_s: float | None = GIL_SWITCH_INTERVAL_S,
     ) -> None:
         self.generator = generator
         self._switch_interval_s = gil_switch_interval_s  # None: leave the process's own
         self._restore_switch_interval: float | None = None
         self.retain = retain
+        self.retain_needed = retain_needed
         self.journal = journal
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
@@ -308,7 +313,8 @@ class Batcher:
             self._finish(batch, exc)
             return
         not_kept: Exception | None = None
-        if self.retain is not None:
+        if self.retain is not None and (self.retain_needed is None or self.retain_needed(
+                {j.request.tenant for j in batch})):
             durable = [(j.request, o, r) for j, o, r in zip(batch, outputs, receipts,
                                                              strict=True)
                        if not isinstance(r, BaseException)]

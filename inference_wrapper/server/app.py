@@ -260,7 +260,8 @@ async def batcher_context(app: web.Application) -> AsyncIterator[None]:
     metrics = app[METRICS]
     batcher = Batcher(app[GENERATOR], app[LEDGER], max_batch=settings.max_batch,
                       max_wait_ms=settings.max_wait_ms, queue_limit=settings.queue_limit,
-                      observe=metrics.observe, retain=retain_hook(app[VAULT]))
+                      observe=metrics.observe, retain=retain_hook(app[VAULT]),
+                      retain_needed=app[VAULT].may_keep_content)
     batcher.start()
     app[BATCHER] = batcher
     ledger = app[LEDGER]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -213,6 +213,22 @@ class ContentVault:
         with self._lock:
             self._policies[tenant] = (now, policy)
         return policy
+
+    def may_keep_content(self, tenants: Iterable[str]) -> bool:
+        """False only when every tenant's cached policy is fresh and keeps no content.
+
+        Memory only (never SQL): the batcher asks it on the event loop to skip handing a
+        batch to ``retain`` when there is nothing to keep. A stale or missing entry
+        answers True, and ``retain`` then reads the policy afresh.
+        """
+        now = time.monotonic()
+        with self._lock:
+            for tenant in tenants:
+                cached = self._policies.get(tenant)
+                if (cached is None or now - cached[0] >= self.policy_cache_s
+                        or cached[1].mode == "content"):
+                    return True
+        return False
 
     def set_policy(self, tenant: str, mode: str, days: int | None = None) -> Policy:
         _check_tenant(tenant)

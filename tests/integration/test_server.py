@@ -371,6 +371,36 @@ async def test_drain_answers_queued_requests_and_commits_them(
             await batcher.submit(tiny_generator.prepare("late"))
 
 
+async def test_retain_runs_only_for_batches_whose_tenants_may_keep_content(
+    settings: Settings, tiny_generator: Any
+) -> None:
+    from inference_wrapper.batcher import Batcher
+    from ledger.store.migrate import upgrade
+    from ledger.store.sql import SqlLedger
+
+    upgrade(settings.database_url)
+    retained: list[list[str]] = []
+    asked: list[set[str]] = []
+
+    def needed(tenants: Any) -> bool:
+        asked.append(set(tenants))
+        return "keeps" in asked[-1]
+
+    with SqlLedger(settings.database_url) as ledger:
+        batcher = Batcher(tiny_generator, ledger, max_batch=4, max_wait_ms=1,
+                          retain=lambda durable: retained.append(
+                              [r.tenant for r, _, _ in durable]),
+                          retain_needed=needed)
+        batcher.start()
+        try:
+            for tenant in ("commitments-only", "keeps"):
+                answer = await batcher.submit(tiny_generator.prepare("p", tenant=tenant))
+                assert answer.receipt.record_id == answer.output.record.record_id
+        finally:
+            await batcher.drain()
+    assert asked == [{"commitments-only"}, {"keeps"}]
+    assert retained == [["keeps"]]  # the first batch skipped the retain step
+
 
 async def test_phase_spans_exported_when_enabled(
     aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any

@@ -148,6 +148,30 @@ def test_commitments_only_tenant_keeps_nothing(world: World) -> None:
     assert world.ledger.tree_head()[0] == size  # nothing to read, nothing logged
 
 
+def test_may_keep_content_answers_false_only_from_fresh_commitments_policies(
+        ledger_url: str, tmp_path: Path) -> None:
+    # What the batcher asks on the event loop before handing a batch to retain: memory
+    # only, and "no" only when it knows every tenant keeps commitments alone.
+    vault = ContentVault(ledger_url, FileKeyring(tmp_path / "vault.keyring"),
+                         policy_cache_s=3600.0)
+    try:
+        vault.set_policy("bank-a", "content", 183)
+        assert vault.may_keep_content(["bank-b"]) is True  # not read yet: unknown
+        assert vault.policy("bank-b").mode == "commitments"
+        assert vault.may_keep_content(["bank-b"]) is False
+        assert vault.may_keep_content(["bank-b", "bank-a"]) is True  # bank-a not read yet
+        assert vault.policy("bank-a").mode == "content"
+        assert vault.may_keep_content(["bank-a"]) is True
+        vault.set_policy("bank-b", "content", 183)  # a change here drops the cached entry
+        assert vault.may_keep_content(["bank-b"]) is True
+        vault.policy_cache_s = 0.0  # every cached entry is stale at once
+        vault.set_policy("bank-b", "commitments")
+        assert vault.policy("bank-b").mode == "commitments"
+        assert vault.may_keep_content(["bank-b"]) is True
+    finally:
+        vault.close()
+
+
 def test_policy_below_minimum_is_refused(world: World) -> None:
     with pytest.raises(InvalidInputError) as caught:
         world.vault.set_policy("bank-a", "content", 30)

@@ -160,6 +160,30 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def task_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread id of a process (Linux ``/proc``): the bare server has no
+    ``/metrics`` to name them."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except OSError:  # the thread has just ended
+            continue
+        found[task.name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return found
+
+
+def thread_cpu(base: str) -> dict[str, float]:
+    """CPU seconds per named thread of the audited service, from its ``/metrics``."""
+    from urllib.request import urlopen
+
+    with urlopen(f"{base}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    found = re.findall(r'^audit_thread_cpu_seconds_total\{thread="([^"]*)"\} (\S+)$', text,
+                       re.MULTILINE)
+    return {name: float(value) for name, value in found}
+
+
 def summary(latencies: list[float], elapsed: float) -> tuple[float, float, float]:
     """(requests/s, p50 ms, p99 ms)."""
     ordered = sorted(latencies)
@@ -199,6 +223,7 @@ def main() -> None:
         env = dict(os.environ, AUDIT_LEDGER_HOME=tmp, PYTHONUNBUFFERED="1")
         results: dict[str, dict[int, tuple[float, float, float]]] = {}
         cpu: dict[str, dict[int, float]] = {}  # server CPU seconds per request, summed
+        by_thread: dict[tuple[str, int], dict[str, float]] = {}  # CPU s per request
         slices: dict[tuple[str, int], list[float]] = {}  # requests/s of each slice
         configs: dict[str, list[str] | None] = {
             "(a) audited, batching": ["--max-batch", "32"],
@@ -230,12 +255,25 @@ def main() -> None:
                     for name in (names if round_ % 2 == 0 else names[::-1]):
                         proc, base, token = servers[name]
                         cpu_start: list[float] = []
+                        audited = token != ""
+                        threads_start: list[dict[str, float]] = []
+
+                        def started(p: int = proc.pid, c: list[float] = cpu_start,
+                                    t: list[dict[str, float]] = threads_start,
+                                    b: str = base, a: bool = audited) -> None:
+                            t.append(thread_cpu(b) if a else task_cpu(p))
+                            c.append(cpu_seconds(p))
+
                         latencies, elapsed = asyncio.run(load(
                             base, token, level, max(level, args.requests // args.rounds),
-                            args.new_tokens, lambda p=proc.pid, c=cpu_start: c.append(
-                                cpu_seconds(p))))
+                            args.new_tokens, started))
                         cpu[name][level] = cpu[name].get(level, 0.0) + (
                             cpu_seconds(proc.pid) - cpu_start[0]) / len(latencies)
+                        per = by_thread.setdefault((name, level), {})
+                        for thread, seconds in (thread_cpu(base) if audited
+                                                else task_cpu(proc.pid)).items():
+                            per[thread] = per.get(thread, 0.0) + (
+                                seconds - threads_start[0].get(thread, 0.0)) / len(latencies)
                         kept, total = samples[name]
                         samples[name] = (kept + latencies, total + elapsed)
                         slices.setdefault((name, level), []).append(len(latencies) / elapsed)
@@ -282,6 +320,18 @@ def main() -> None:
         bare = cpu["(c) bare, batching"][level] / args.rounds * 1e3
         print(f"c={level}: server CPU per request: audited {audited:.3f} ms, bare {bare:.3f} "
               f"ms; added by auditing {audited - bare:+.3f} ms")
+    # Which thread spends it (clock-tick resolution): the audited service names its
+    # threads on /metrics; the bare one's are only ranked (the busiest is its model
+    # thread, the next its event loop). On the tiny model nearly all of it runs under
+    # one GIL, so CPU per request is what sets throughput.
+    for level in levels:
+        for name in ("(a) audited, batching", "(c) bare, batching"):
+            per = sorted(by_thread.get((name, level), {}).items(), key=lambda kv: -kv[1])
+            cells = ", ".join(f"{thread if name.startswith('(a)') else f'#{rank}'} "
+                              f"{seconds / args.rounds * 1e6:.0f}"
+                              for rank, (thread, seconds) in enumerate(per, 1)
+                              if seconds / args.rounds >= 1e-6)
+            print(f"c={level}: {name} CPU per request by thread (us): {cells}")
 
 
 if __name__ == "__main__":

@@ -328,6 +328,11 @@ async def test_health_readiness_metrics(service: Any) -> None:
     assert 0 <= age < 3600
     assert value("audit_requests_in_model") == 0
     assert value("process_cpu_seconds_total") > 0  # the process collector
+    # CPU per named thread: the model thread has run a generate, the event loop served.
+    threads = {dict(labels)["thread"]: v for (name, labels), v in samples.items()
+               if name == "audit_thread_cpu_seconds_total"}
+    assert {"MainThread", "model_0", "audit_0", "ledger-writer"} <= set(threads)
+    assert all(v >= 0 for v in threads.values())
     for name in ("audit_batch_size_count", "audit_queue_depth",
                  "audit_checkpoint_lag_entries", "audit_anchor_lag_seconds",
                  "audit_anchor_backlog_checkpoints", "audit_last_seal_age_seconds"):

@@ -313,8 +313,7 @@ class Batcher:
             self._finish(batch, exc)
             return
         not_kept: Exception | None = None
-        if self.retain is not None and (self.retain_needed is None or self.retain_needed(
-                {j.request.tenant for j in batch})):
+        if self.retain is not None and self._retain_needed(batch):
             durable = [(j.request, o, r) for j, o, r in zip(batch, outputs, receipts,
                                                              strict=True)
                        if not isinstance(r, BaseException)]
@@ -338,6 +337,15 @@ class Batcher:
                 self._finish([job], Answer(output, receipt, spans))
         for name, value in result.timings_ms.items():
             self._observe(name, value / 1000.0)
+
+    def _retain_needed(self, batch: list[_Job]) -> bool:
+        if self.retain_needed is None:
+            return True
+        try:
+            return self.retain_needed({j.request.tenant for j in batch})
+        except Exception:  # unsure: keep what the policies say rather than skip
+            log.exception("retain_needed failed; retaining as usual")
+            return True
 
     def _finish(self, jobs: list[_Job], outcome: Answer | BaseException) -> None:
         for job in jobs:

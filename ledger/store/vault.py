@@ -188,6 +188,7 @@ class ContentVault:
                 # Freed pages (erased ciphertexts, destroyed keys) are overwritten with zeros.
                 event.listen(engine, "connect", _secure_delete)
         self._policies: dict[str, tuple[float, Policy]] = {}
+        self._policy_changes = 0  # bumped by set_policy: a read begun before is not cached
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -202,6 +203,7 @@ class ContentVault:
         now = time.monotonic()
         with self._lock:
             cached = self._policies.get(tenant)
+            changes = self._policy_changes
         if cached is not None and now - cached[0] < self.policy_cache_s:
             return cached[1]
         with self.engine.connect() as conn:
@@ -211,7 +213,10 @@ class ContentVault:
                   Policy(tenant, self.default_mode,
                          self.default_days if self.default_mode == "content" else None, False))
         with self._lock:
-            self._policies[tenant] = (now, policy)
+            # A set_policy that committed after this read began would be hidden for a
+            # whole cache period by what the read saw: answer it, never cache it.
+            if self._policy_changes == changes:
+                self._policies[tenant] = (now, policy)
         return policy
 
     def may_keep_content(self, tenants: Iterable[str]) -> bool:
@@ -225,7 +230,7 @@ class ContentVault:
         with self._lock:
             for tenant in tenants:
                 cached = self._policies.get(tenant)
-                if (cached is None or now - cached[0] >= self.policy_cache_s
+                if (cached is None or not now - cached[0] < self.policy_cache_s
                         or cached[1].mode == "content"):
                     return True
         return False
@@ -253,6 +258,7 @@ class ContentVault:
                              .where(retention_policies.c.tenant == tenant).values(**values))
         with self._lock:
             self._policies.pop(tenant, None)
+            self._policy_changes += 1
         return Policy(tenant, mode, days, True)
 
     def policies(self) -> list[Policy]:

@@ -9,9 +9,11 @@ import stat
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import MetaData, select, text, update
@@ -169,6 +171,35 @@ def test_may_keep_content_answers_false_only_from_fresh_commitments_policies(
         assert vault.policy("bank-b").mode == "commitments"
         assert vault.may_keep_content(["bank-b"]) is True
     finally:
+        vault.close()
+
+
+def test_a_policy_read_that_raced_a_change_is_answered_but_not_cached(
+        ledger_url: str, tmp_path: Path) -> None:
+    # set_policy commits after policy() has read the old row but before it caches it:
+    # the old answer must not be kept as fresh for a whole cache period.
+    vault = ContentVault(ledger_url, FileKeyring(tmp_path / "vault.keyring"),
+                         policy_cache_s=3600.0)
+    real = vault.engine
+
+    class ChangeAfterRead:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        @contextmanager
+        def connect(self) -> Iterator[Any]:
+            with real.connect() as conn:
+                yield conn
+            vault.engine = real  # once only
+            vault.set_policy("bank-u", "content", 183)
+
+    try:
+        vault.engine = ChangeAfterRead()  # type: ignore[assignment]
+        assert vault.policy("bank-u").mode == "commitments"  # what the read saw
+        assert vault.may_keep_content(["bank-u"]) is True  # not cached
+        assert vault.policy("bank-u").mode == "content"
+    finally:
+        vault.engine = real
         vault.close()
 
 

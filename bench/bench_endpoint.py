@@ -154,34 +154,35 @@ async def load(base: str, token: str, concurrency: int, total: int, new_tokens: 
     return latencies, elapsed
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process, all its threads (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+def _stat_cpu(stat: Path) -> float:
+    """User + system CPU seconds from a ``/proc`` ``stat`` file (Linux)."""
+    fields = stat.read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def task_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds per thread id of a process (Linux ``/proc``): the bare server has no
-    ``/metrics`` to name them."""
-    found = {}
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process, all its threads."""
+    return _stat_cpu(Path(f"/proc/{pid}/stat"))
+
+
+def thread_cpu(pid: int, base: str, named: bool) -> dict[str, float]:
+    """CPU seconds per thread: by name from the audited service's ``/metrics``
+    (``named``), else by thread id from ``/proc`` (the bare server has no names)."""
+    if named:
+        from urllib.request import urlopen
+
+        with urlopen(f"{base}/metrics", timeout=30) as response:
+            text = response.read().decode()
+        found = re.findall(r'^audit_thread_cpu_seconds_total\{thread="([^"]*)"\} (\S+)$',
+                           text, re.MULTILINE)
+        return {name: float(value) for name, value in found}
+    by_id = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            fields = (task / "stat").read_text().rpartition(")")[2].split()
+            by_id[task.name] = _stat_cpu(task / "stat")
         except OSError:  # the thread has just ended
             continue
-        found[task.name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return found
-
-
-def thread_cpu(base: str) -> dict[str, float]:
-    """CPU seconds per named thread of the audited service, from its ``/metrics``."""
-    from urllib.request import urlopen
-
-    with urlopen(f"{base}/metrics", timeout=30) as response:
-        text = response.read().decode()
-    found = re.findall(r'^audit_thread_cpu_seconds_total\{thread="([^"]*)"\} (\S+)$', text,
-                       re.MULTILINE)
-    return {name: float(value) for name, value in found}
+    return by_id
 
 
 def summary(latencies: list[float], elapsed: float) -> tuple[float, float, float]:
@@ -255,13 +256,13 @@ def main() -> None:
                     for name in (names if round_ % 2 == 0 else names[::-1]):
                         proc, base, token = servers[name]
                         cpu_start: list[float] = []
-                        audited = token != ""
+                        named = token != ""  # the audited services, with /metrics
                         threads_start: list[dict[str, float]] = []
 
                         def started(p: int = proc.pid, c: list[float] = cpu_start,
                                     t: list[dict[str, float]] = threads_start,
-                                    b: str = base, a: bool = audited) -> None:
-                            t.append(thread_cpu(b) if a else task_cpu(p))
+                                    b: str = base, n: bool = named) -> None:
+                            t.append(thread_cpu(p, b, n))
                             c.append(cpu_seconds(p))
 
                         latencies, elapsed = asyncio.run(load(
@@ -270,8 +271,7 @@ def main() -> None:
                         cpu[name][level] = cpu[name].get(level, 0.0) + (
                             cpu_seconds(proc.pid) - cpu_start[0]) / len(latencies)
                         per = by_thread.setdefault((name, level), {})
-                        for thread, seconds in (thread_cpu(base) if audited
-                                                else task_cpu(proc.pid)).items():
+                        for thread, seconds in thread_cpu(proc.pid, base, named).items():
                             per[thread] = per.get(thread, 0.0) + (
                                 seconds - threads_start[0].get(thread, 0.0)) / len(latencies)
                         kept, total = samples[name]

@@ -313,7 +313,7 @@ class Batcher:
             self._finish(batch, exc)
             return
         not_kept: Exception | None = None
-        if self.retain is not None and self._retain_needed(batch):
+        if self.retain is not None and self._should_retain(batch):
             durable = [(j.request, o, r) for j, o, r in zip(batch, outputs, receipts,
                                                              strict=True)
                        if not isinstance(r, BaseException)]
@@ -338,7 +338,7 @@ class Batcher:
         for name, value in result.timings_ms.items():
             self._observe(name, value / 1000.0)
 
-    def _retain_needed(self, batch: list[_Job]) -> bool:
+    def _should_retain(self, batch: list[_Job]) -> bool:
         if self.retain_needed is None:
             return True
         try:

@@ -113,9 +113,12 @@ class ThreadCpuCollector(Collector):
                                      labels=["thread"])
         ticks = _CLOCK_TICKS
         seconds: dict[str, float] = {}  # by name: two threads may share one
+        if ticks is None:  # no sysconf: not Linux
+            yield family
+            return
         for thread in threading.enumerate():
             tid = thread.native_id
-            if tid is None or ticks is None:
+            if tid is None:
                 continue
             try:
                 # Fields after the parenthesised name: utime is the 12th, stime the 13th.

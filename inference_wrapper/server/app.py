@@ -21,8 +21,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import Gauge
 
-from inference_wrapper.batcher import Batcher
-from inference_wrapper.generator import AuditedGenerator
+from inference_wrapper.audit.batcher import Batcher
+from inference_wrapper.audit.generator import AuditedGenerator
 from inference_wrapper.server import logging_setup
 from inference_wrapper.server.appkeys import (
     ANCHOR_WORKER,

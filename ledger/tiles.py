@@ -11,22 +11,24 @@ Because the store keeps every perfect subtree hash (``merkle``), the ``i``-th ha
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ledger import merkle
-from ledger.errors import InvalidInputError, MalformedProofError, RootMismatchError
+from ledger.errors import (
+    InvalidInputError,
+    MalformedProofError,
+    RootMismatchError,
+    VerificationError,
+)
+from ledger.leaves.envelope import is_envelope, parse_envelope
 
 TILE_HEIGHT = 8
 TILE_WIDTH = 1 << TILE_HEIGHT
 MAX_LEVEL = 63
 MAX_ENTRY_BYTES = 0xFFFF  # the uint16 length prefix of a bundle entry
 CHECKPOINT_PATH = "checkpoint"
-# The v2 leaf envelope (SEAM: record v2): the only leaf a tenant-scoped reader may read.
-ENVELOPE_SCHEMA = "audit-leaf/v2"
-ENVELOPE_FIELDS = frozenset({"schema", "kind", "created_at", "tenant_tag", "body"})
 
 _INDEX_PART = re.compile(r"x\d{3}")
 _LAST_PART = re.compile(r"\d{3}")
@@ -267,17 +269,15 @@ def check_leaves(size: int, root: bytes, start: int, end: int, leaf_hashes: Sequ
         raise RootMismatchError(expected=root, calculated=calculated)
 
 
+
 def only_envelopes(entries: Iterable[bytes]) -> bool:
     """Whether every entry is a v2 leaf envelope (kind, time, tenant tag and body digest,
     never a record): what a tenant-scoped reader may receive."""
     for entry in entries:
-        if not entry.startswith(b'{"body":"sha256:'):
+        if not is_envelope(entry):
             return False
         try:
-            parsed = json.loads(entry)
-        except ValueError:
-            return False
-        if not isinstance(parsed, dict) or parsed.get("schema") != ENVELOPE_SCHEMA \
-                or set(parsed) != ENVELOPE_FIELDS:
+            parse_envelope(entry)
+        except VerificationError:
             return False
     return True

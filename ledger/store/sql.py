@@ -52,6 +52,7 @@ from ledger.errors import (
     WorkerDiedError,
 )
 from ledger.record import AuditRecord, mirror_columns
+from ledger.store.file_modes import private_sqlite_files
 from ledger.store.schema import checkpoints, log_meta, records, tree_state
 
 log = logging.getLogger(__name__)
@@ -205,6 +206,7 @@ def make_engine(url: str, *, writer: bool = False, sqlite_synchronous: str = "FU
     if sqlite_synchronous not in ("FULL", "NORMAL"):
         raise ValueError("sqlite_synchronous is FULL or NORMAL")
     if url.startswith("sqlite"):
+        private_sqlite_files(url)  # 0600 before SQLite creates it (and its -wal, -shm)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
                                hide_parameters=True)  # errors never carry record bytes
 

@@ -30,6 +30,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     consistency.add_argument("first", type=int)
     consistency.add_argument("second", type=int)
     actions.add_parser("public-key", help="the verifier key to pin")
+    publish = actions.add_parser("publish", help="publish the log as C2SP tlog-tiles")
+    publish.add_argument("--to", required=True, help="a directory or s3://bucket[/prefix]")
+    publish.add_argument("--retention-days", type=int, default=None,
+                         help="S3 Object Lock retention (compliance mode; default 2557)")
 
 
 def _settings(args: argparse.Namespace) -> tuple[str, Path]:
@@ -112,6 +116,13 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.action == "consistency":
             return _consistency(args, ledger, _verifier(args, key_file))
+        if args.action == "publish":
+            from ledger.publish.worker import open_sink, publish_latest
+
+            size = publish_latest(ledger, open_sink(args.to, args.retention_days))
+            print_json({"published_size": size, "to": args.to}) if args.json else \
+                print(f"published the checkpoint of size {size} and its tiles to {args.to}")
+            return 0 if size else 1
         from ledger.store.fsck import fsck
 
         meta = None if args.log_key else ledger.log_meta()

@@ -254,6 +254,8 @@ async def anchor_context(app: web.Application) -> AsyncIterator[None]:
     # In-memory state, refreshed by the worker's own thread: scraping never queries.
     metrics.anchor_lag.set_function(lambda: worker.current().lag_s)
     metrics.anchor_backlog.set_function(lambda: float(worker.current().backlog))
+    metrics.anchor_failures.set_function(lambda: float(worker.failures))
+    metrics.anchor_conflict.set_function(lambda: float(worker.conflict is not None))
     yield
     await asyncio.to_thread(worker.stop)
     try:  # anchor what the final seal produced, if the anchor is reachable and we lead

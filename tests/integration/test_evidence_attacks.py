@@ -442,3 +442,17 @@ def test_duplicate_json_keys_in_a_bundle_are_refused(
     code, result = run_cli(capsys, "verify", "--bundle", write(tmp_path, text),
                            "--log-key", log.signer.verifier().encode())
     assert code == 2 and "duplicate key" in result["error"]["message"], result
+
+
+@pytest.mark.parametrize("data", [
+    b"[" * 100_000 + b"]" * 100_000, b"[" * 65 + b"]" * 65, b"7" * 5000, b"1e999",
+    b'{"a": 1, "a": 2}',
+], ids=["recursion", "past_the_bound", "5000_digits", "infinite", "duplicate_key"])
+def test_every_evidence_parser_refuses_hostile_json_as_malformed(data: bytes) -> None:
+    # parse_strict reads record bytes for verify (bundle, online, --db), audit and fsck,
+    # and bundles and server answers: one refusal, never another exception.
+    from ledger.canonical import parse_strict
+    from ledger.errors import CanonicalFormError
+
+    with pytest.raises(CanonicalFormError):
+        parse_strict(data)

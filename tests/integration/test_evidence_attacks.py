@@ -456,3 +456,15 @@ def test_every_evidence_parser_refuses_hostile_json_as_malformed(data: bytes) ->
 
     with pytest.raises(CanonicalFormError):
         parse_strict(data)
+
+
+def test_cross_origin_redirect_never_carries_the_api_key_to_a_tiles_reader(
+        redirector: str, collector: str) -> None:
+    from ledger.client.safe_http import CrossOriginRedirectError
+    from ledger.client.tiles import HttpTiles
+
+    _Redirector.seen, _Collector.seen = [], []
+    _Redirector.redirect_to = collector
+    with pytest.raises(CrossOriginRedirectError):
+        HttpTiles(redirector + "/tlog", api_key="alk_secret_key").get("checkpoint")
+    assert _Redirector.seen and _Collector.seen == []

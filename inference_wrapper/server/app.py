@@ -203,7 +203,9 @@ async def integrator_context(app: web.Application) -> AsyncIterator[None]:
     app[INTEGRATOR] = integrator
     app[METRICS].bind_replica(integrator.replica_id, lambda: integrator.holds_lease,
                               lambda: last_seal(app[LEDGER]),
-                              lambda: integrator.fenced_sessions)
+                              lambda: integrator.fenced_sessions,
+                              lambda: None if integrator.fencing_reach is None
+                              else integrator.fencing_reach.other_roles)
     yield
     await asyncio.to_thread(integrator.stop)
 

@@ -163,7 +163,7 @@ def _replay_check(verdict: Verdict, args: argparse.Namespace, prompt: bytes | No
         text = prompt.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidInputError("--prompt-file", "--replay needs a UTF-8 prompt") from exc
-    from inference_wrapper.replay import replay
+    from inference_wrapper.audit.replay import replay
 
     result = replay(verdict.record, text, model_dir=args.model_dir,
                     manifest_path=args.model_manifest)

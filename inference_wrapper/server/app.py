@@ -21,8 +21,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import Gauge
 
-from inference_wrapper.batcher import Batcher
-from inference_wrapper.generator import AuditedGenerator
+from inference_wrapper.audit.batcher import Batcher
+from inference_wrapper.audit.generator import AuditedGenerator
 from inference_wrapper.server import logging_setup
 from inference_wrapper.server.appkeys import (
     ANCHOR_WORKER,
@@ -201,6 +201,14 @@ async def integrator_context(app: web.Application) -> AsyncIterator[None]:
                             interval_s=settings.checkpoint_interval_s,
                             replica_id=settings.replica_id or None).start()
     app[INTEGRATOR] = integrator
+    publisher = None
+    if settings.tiles_publish_to:
+        from ledger.publish.worker import PublishWorker, open_sink
+
+        publisher = PublishWorker(app[LEDGER], open_sink(settings.tiles_publish_to,
+                                                         settings.tiles_retention_days),
+                                  settings.tiles_publish_interval_s).start()
+        integrator.subscribe(publisher.wake)
     app[METRICS].bind_replica(integrator.replica_id, lambda: integrator.holds_lease,
                               lambda: last_seal(app[LEDGER]),
                               lambda: integrator.fenced_sessions,
@@ -208,6 +216,8 @@ async def integrator_context(app: web.Application) -> AsyncIterator[None]:
                               else integrator.fencing_reach.other_roles)
     yield
     await asyncio.to_thread(integrator.stop)
+    if publisher is not None:
+        await asyncio.to_thread(publisher.stop)
 
 
 def make_anchor(settings: Settings, ledger: SqlLedger, signer: NoteSigner) -> Any:
@@ -332,6 +342,8 @@ def create_app(settings: Settings, generator: AuditedGenerator, *,
                             anchor_context, witness_context, batcher_context,
                             supervisor_context, slo_context])
     app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])
+    from inference_wrapper.server.tiles import tile_routes
+    app.add_routes(tile_routes())  # the log as C2SP tlog-tiles at /tlog
     from inference_wrapper.server.console import setup_console
     setup_console(app)  # the auditor's console at /console
     return app

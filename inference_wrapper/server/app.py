@@ -155,7 +155,11 @@ def open_identity(settings: Settings, ledger: SqlLedger) -> LogIdentity:
 async def ledger_context(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     await asyncio.to_thread(upgrade, settings.database_url)
-    ledger = SqlLedger(settings.database_url, pg=settings.pg_session()).start()
+    from datetime import timedelta
+
+    # The lag rule (docs/decisions/0037): what makes a time window a provable leaf range.
+    ledger = SqlLedger(settings.database_url, pg=settings.pg_session(),
+                       max_created_lag=timedelta(seconds=settings.max_created_lag_s)).start()
     app[LEDGER] = ledger
     try:
         identity = await asyncio.to_thread(open_identity, settings, ledger)
@@ -256,6 +260,8 @@ async def anchor_context(app: web.Application) -> AsyncIterator[None]:
     # In-memory state, refreshed by the worker's own thread: scraping never queries.
     metrics.anchor_lag.set_function(lambda: worker.current().lag_s)
     metrics.anchor_backlog.set_function(lambda: float(worker.current().backlog))
+    metrics.anchor_failures.set_function(lambda: float(worker.failures))
+    metrics.anchor_conflict.set_function(lambda: float(worker.conflict is not None))
     yield
     await asyncio.to_thread(worker.stop)
     try:  # anchor what the final seal produced, if the anchor is reachable and we lead

@@ -185,6 +185,13 @@ class Metrics:
         self.anchor_backlog = Gauge("audit_anchor_backlog_checkpoints",
                                     "sealed checkpoints not yet anchored",
                                     registry=self.registry)
+        self.anchor_failures = Gauge("audit_anchor_consecutive_failures",
+                                     "anchoring attempts failed in a row (0: the last "
+                                     "one succeeded)", registry=self.registry)
+        self.anchor_conflict = Gauge("audit_anchor_conflict",
+                                     "1 while the anchor holds something that is not a "
+                                     "checkpoint of this log (anchoring stopped; /readyz "
+                                     "names it)", registry=self.registry)
         self.in_model = Gauge("audit_requests_in_model",
                               "requests taken from the queue whose answer is not yet released",
                               registry=self.registry)

@@ -4,9 +4,7 @@ log's own proofs, full and partial tiles, around tile boundaries."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -15,24 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 from botocore.exceptions import ClientError
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from inference_wrapper.server.app import request_context
-from inference_wrapper.server.appkeys import KEYS, LEDGER, LIFECYCLE, METRICS
-from inference_wrapper.server.metrics import Metrics
-from inference_wrapper.server.supervisor import Lifecycle
-from inference_wrapper.server.tiles import tile_routes
 from ledger.checkpoint import Checkpoint, NoteSigner
 from ledger.publish.directory import DirectorySink
 from ledger.publish.publisher import publish
 from ledger.publish.s3 import S3Sink
 from ledger.publish.sink import ImmutableTileError
-from ledger.store.apikeys import ApiKeyStore
 from ledger.store.migrate import upgrade
 from ledger.store.sql import SqlLedger
 from tests.s3_server import s3_client, s3_server
+from tests.tiles_service import tiles_service
 from tests.tiny_log import build_log, tiny_leaf
 from tests.tlog_spec_reader import SpecReader, open_checkpoint
 
@@ -91,26 +83,8 @@ def test_directory_publisher_read_from_the_spec(log: Any, tmp_path: Path) -> Non
 
 @pytest.fixture(scope="module")
 def served(log: Any) -> Iterator[tuple[str, dict[str, str]]]:
-    """The service's tile routes on loopback, with an auditor's and a tenant's key."""
-    ledger = log[0]
-    keys = ApiKeyStore(ledger.engine)
-    tokens = {role: keys.create("bank-a", role)[0] for role in ("auditor", "client")}
-    app = web.Application(middlewares=[request_context])  # the service's error shapes
-    app[LEDGER], app[KEYS] = ledger, keys
-    app[LIFECYCLE], app[METRICS] = Lifecycle(), Metrics()
-    app.add_routes(tile_routes())
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    loop.run_until_complete(site.start())
-    port = runner.addresses[0][1]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{port}/tlog/", tokens
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(30)
+    with tiles_service(log[0]) as service:
+        yield service
 
 
 def _get(url: str, token: str) -> tuple[int, bytes, Any]:

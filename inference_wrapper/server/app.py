@@ -215,7 +215,9 @@ async def integrator_context(app: web.Application) -> AsyncIterator[None]:
         integrator.subscribe(publisher.wake)
     app[METRICS].bind_replica(integrator.replica_id, lambda: integrator.holds_lease,
                               lambda: last_seal(app[LEDGER]),
-                              lambda: integrator.fenced_sessions)
+                              lambda: integrator.fenced_sessions,
+                              lambda: None if integrator.fencing_reach is None
+                              else integrator.fencing_reach.other_roles)
     yield
     await asyncio.to_thread(integrator.stop)
     if publisher is not None:

@@ -774,7 +774,10 @@ RESPONSES: dict[str, dict[str, Any]] = {
                                      "last_seal_age_s": {"type": ["number", "null"]},
                                      "latest_sealed_by": {"type": ["string", "null"]},
                                      "origin": _STR,
-                                     "fenced_writer_sessions": _INT})}),
+                                     "fenced_writer_sessions": _INT},
+                                    {"fencing": _obj({
+                                        "other_roles": {"type": "boolean"}, "role": _STR,
+                                        "missing": {"type": "array", "items": _STR}})})}),
     "openapi": {"type": "object", "required": ["openapi", "paths"]},
 }
 

@@ -6,6 +6,7 @@ wait is on an event or on polled state."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -129,3 +130,60 @@ async def test_batches_are_spread_over_two_engines_and_records_name_theirs(
             await batcher.drain(timeout_s=120)
             for engine in engines:
                 await engine.close()
+
+
+async def test_the_api_outlives_a_killed_engine(aiohttp_client: Any, tiny_model_dir: Path,
+                                                tiny_manifest: dict[str, Any],
+                                                tmp_path: Path) -> None:
+    """In flight: 503 with Retry-After and no record; /healthz answers throughout, /readyz
+    says the engine is down until the supervisor has it back; then it serves (and streams
+    token by token) again."""
+    from inference_wrapper.server.app import BATCHER, KEYS, LEDGER, create_app
+    from inference_wrapper.server.settings import Settings
+
+    engine = SupervisedEngine(_spec(tiny_model_dir), backoff_s=(0.1,))
+    served = load_served_model(tiny_model_dir, name="tiny-llama", manifest=tiny_manifest)
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+                        log_key_path=tmp_path / "log.key", max_wait_ms=1.0,
+                        checkpoint_interval_s=0.1)
+    app = create_app(settings, AuditedGenerator(served, engines=[engine]))
+    client = await aiohttp_client(app)  # starts the engine process (engine_context)
+    auth = {"Authorization": f"Bearer {app[KEYS].create('bank-a', 'client')[0]}"}
+    first_pid = engine.pid
+    assert first_pid is not None and engine.alive()
+
+    held = asyncio.ensure_future(client.post("/v1/generate", headers=auth, json={
+        "prompt": "hold me", "max_new_tokens": 512}))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + START_TIMEOUT_S
+    while app[BATCHER].in_model == 0:  # the batch is in the engine
+        assert loop.time() < deadline and not held.done(), "the batch never reached it"
+        await asyncio.sleep(0.005)
+    os.kill(first_pid, signal.SIGKILL)
+    answer = await held
+    assert answer.status == 503 and answer.headers["Retry-After"] == "2"
+    problem = await answer.json()
+    assert "engine is down" in problem["detail"] and "record_id" not in problem
+    assert app[LEDGER].tree_head()[0] == 0  # nothing was recorded for it
+    assert (await client.get("/healthz")).status == 200
+    ready = await client.get("/readyz")
+    assert ready.status == 503 and (await ready.json())["checks"]["engine_serving"] is False
+
+    await asyncio.wait_for(engine.up.wait(), START_TIMEOUT_S)
+    assert (await client.get("/readyz")).status == 200
+    served_again = await client.post("/v1/generate", headers=auth, json={
+        "prompt": "after the restart", "max_new_tokens": 4})
+    assert served_again.status == 200
+    record = app[LEDGER].get_record((await served_again.json())["record_id"])
+    assert record is not None
+
+    stream = await client.post("/v1/completions", headers=auth, json={
+        "model": "tiny-llama", "prompt": "stream me", "max_tokens": 24, "temperature": 0,
+        "stream": True})
+    assert stream.status == 200
+    pieces = []
+    while line := await stream.content.readline():
+        if line.startswith(b"data: {"):
+            text = json.loads(line[len(b"data: "):])["choices"][0]["text"]
+            pieces += [text] if text else []
+    assert len(pieces) >= 3  # text arrived in pieces as the engine generated it

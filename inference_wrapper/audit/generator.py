@@ -25,6 +25,7 @@ from ledger.digest import commit_text, new_salt
 from ledger.record import (
     AuditRecord,
     RecordFamily,
+    build_stream_start,
     record_members,
     timings_json,
     utc_timestamp,
@@ -305,8 +306,6 @@ class AuditedGenerator:
     def stream_start(self, request: PreparedRequest, route: str) -> AuditRecord:
         """The start record of a streamed request: input commitment, fingerprints and
         parameters, committed before any of its tokens leaves the server."""
-        from ledger.stream_record import build_stream_start
-
         return build_stream_start(
             tenant=request.tenant, **self.sections(self.environment()),
             input_commitment=commit_text(request.input_salt, request.prompt),

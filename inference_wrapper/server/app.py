@@ -181,7 +181,9 @@ async def ledger_context(app: web.Application) -> AsyncIterator[None]:
 
 async def receipts_context(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    store = ReceiptStore(app[LEDGER].engine, ttl_s=settings.idempotency_ttl_s)
+    # Answers are stored encrypted under the tenant's KEK: an erasure kills them too.
+    store = ReceiptStore(app[LEDGER].engine, ttl_s=settings.idempotency_ttl_s,
+                         keks=app[VAULT].keks)
     idempotency = Idempotency(store, settings.request_timeout_s)
     app[IDEMPOTENCY] = idempotency
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +29,18 @@ class CountingGenerator(WrappedGenerator):
         super().__init__(inner, gate_open=True)
         self.generated = 0
 
-    def run_batch(self, requests: Sequence[Any], min_length: int = 0) -> Any:
-        self.generated += len(requests)
+    def run_batch(self, batch: Any, on_step: Any = None) -> Any:
+        self.generated += len(batch.prompts)
         self.wait_for_gate()
-        return self.inner.run_batch(requests, min_length)
+        return super().run_batch(batch, on_step)
 
 
 class NoStreaming(WrappedGenerator):
     """The tiny generator with no streamer: a stream's text is all there only once its
     record is committed, so a failure comes before any text (and before the headers)."""
 
-    def run_batch(self, requests: Sequence[Any], min_length: int = 0,
-                  on_step: Any = None) -> Any:
-        return self.inner.run_batch(requests, min_length)
+    def run_batch(self, batch: Any, on_step: Any = None) -> Any:
+        return super().run_batch(batch)
 
 
 class HeldSeal(WrappedGenerator):

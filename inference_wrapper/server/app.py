@@ -8,12 +8,13 @@ checkpoint, the ledger commits what is queued and closes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +24,7 @@ from prometheus_client import Gauge
 
 from inference_wrapper.audit.batcher import Batcher
 from inference_wrapper.audit.generator import AuditedGenerator
+from inference_wrapper.engine.supervised import SupervisedEngine
 from inference_wrapper.server import logging_setup
 from inference_wrapper.server.appkeys import (
     ANCHOR_WORKER,
@@ -179,7 +181,9 @@ async def ledger_context(app: web.Application) -> AsyncIterator[None]:
 
 async def receipts_context(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    store = ReceiptStore(app[LEDGER].engine, ttl_s=settings.idempotency_ttl_s)
+    # Answers are stored encrypted under the tenant's KEK: an erasure kills them too.
+    store = ReceiptStore(app[LEDGER].engine, ttl_s=settings.idempotency_ttl_s,
+                         keks=app[VAULT].keks)
     idempotency = Idempotency(store, settings.request_timeout_s)
     app[IDEMPOTENCY] = idempotency
 
@@ -215,7 +219,9 @@ async def integrator_context(app: web.Application) -> AsyncIterator[None]:
         integrator.subscribe(publisher.wake)
     app[METRICS].bind_replica(integrator.replica_id, lambda: integrator.holds_lease,
                               lambda: last_seal(app[LEDGER]),
-                              lambda: integrator.fenced_sessions)
+                              lambda: integrator.fenced_sessions,
+                              lambda: None if integrator.fencing_reach is None
+                              else integrator.fencing_reach.other_roles)
     yield
     await asyncio.to_thread(integrator.stop)
     if publisher is not None:
@@ -258,6 +264,8 @@ async def anchor_context(app: web.Application) -> AsyncIterator[None]:
     # In-memory state, refreshed by the worker's own thread: scraping never queries.
     metrics.anchor_lag.set_function(lambda: worker.current().lag_s)
     metrics.anchor_backlog.set_function(lambda: float(worker.current().backlog))
+    metrics.anchor_failures.set_function(lambda: float(worker.failures))
+    metrics.anchor_conflict.set_function(lambda: float(worker.conflict is not None))
     yield
     await asyncio.to_thread(worker.stop)
     try:  # anchor what the final seal produced, if the anchor is reachable and we lead
@@ -265,6 +273,31 @@ async def anchor_context(app: web.Application) -> AsyncIterator[None]:
             await asyncio.to_thread(worker.run_once)
     except Exception:
         log.warning("could not anchor the last checkpoint at shutdown; it stays pending")
+
+
+async def engine_context(app: web.Application) -> AsyncIterator[None]:
+    """Start the engine processes (each loads and verifies its model) before serving;
+    close them once the batcher has drained. In-process engines need neither."""
+    generator = app[GENERATOR]
+    supervised = [e for e in generator.engines if isinstance(e, SupervisedEngine)]
+    try:
+        for engine in supervised:
+            engine.on_environment = functools.partial(_engine_environment, generator)
+            if not engine.alive():
+                await engine.start()
+        yield
+    finally:
+        for engine in supervised:
+            await engine.close()
+
+
+def _engine_environment(generator: AuditedGenerator, environment: Mapping[str, Any]) -> None:
+    """An engine (re)started: refuse another model or contract; its records name the
+    environment it reports from now on."""
+    generator.check_environment(environment)
+    log.info("engine %s environment: %s on %s", environment["engine"],
+             environment["model"]["name"], environment["hardware"].get("accelerator_model")
+             or environment["hardware"].get("cpu_model"))
 
 
 async def batcher_context(app: web.Application) -> AsyncIterator[None]:
@@ -341,7 +374,7 @@ def create_app(settings: Settings, generator: AuditedGenerator, *,
     app[METRICS].in_flight.set_function(lambda: float(lifecycle.in_flight))
     app.on_shutdown.append(mark_shutting_down)
     app.cleanup_ctx.extend([ledger_context, vault_context, receipts_context, integrator_context,
-                            anchor_context, witness_context, batcher_context,
+                            anchor_context, witness_context, engine_context, batcher_context,
                             supervisor_context, slo_context])
     app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])
     from inference_wrapper.server.tiles import tile_routes

@@ -24,6 +24,7 @@ from inference_wrapper.audit.batcher import (
 from inference_wrapper.audit.generator import PreparedRequest
 from inference_wrapper.engine.contract import ContextLengthError
 from inference_wrapper.engine.params import MAX_SEED, GenerationParams, Limits
+from inference_wrapper.engine.protocol import EngineDownError
 from inference_wrapper.server.appkeys import (
     ANCHOR_WORKER,
     BATCHER,
@@ -295,7 +296,7 @@ async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
         async with asyncio.timeout(request.app[SETTINGS].request_timeout_s):  # no extra task
             rendered = await work()
         return web.json_response(rendered[0], headers=rendered[1])
-    except (QueueFullError, ShuttingDownError, TimeoutError) as exc:
+    except (QueueFullError, ShuttingDownError, EngineDownError, TimeoutError) as exc:
         raise not_admitted(exc) from exc
     except CallerGoneError as exc:  # nobody reads this answer; it keeps the log clean
         raise Problem(503, "Service Unavailable", "the request was dropped before it ran: "
@@ -657,7 +658,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readiness_checks(app: web.Application) -> dict[str, bool]:
     """The named readiness checks (/readyz, and the SLO sampler's availability history)."""
-    checks = {"model_loaded": app[GENERATOR].loaded.model is not None}
+    checks = {"engine_serving": any(e.alive() for e in app[GENERATOR].engines)}
     status = app[ANCHOR_WORKER].current()
     checks["anchoring_within_slo"] = (not status.slo_breached
                                       or app[ANCHOR_WORKER].policy == "keep-serving")
@@ -674,7 +675,10 @@ async def readiness_checks(app: web.Application) -> dict[str, bool]:
 
 async def readyz(request: web.Request) -> web.Response:
     checks = await readiness_checks(request.app)
-    anchor_error = request.app[ANCHOR_WORKER].config_error
+    worker = request.app[ANCHOR_WORKER]
+    # A misconfiguration, or an anchor holding another history than this log's: both
+    # stop anchoring until an operator acts, so both are named here.
+    anchor_error = worker.config_error or worker.conflict
     # Not one of the checks: a planned stop is not downtime in the SLO history.
     shutting_down = request.app[LIFECYCLE].shutting_down
     ready = all(checks.values()) and not shutting_down
@@ -771,7 +775,10 @@ RESPONSES: dict[str, dict[str, Any]] = {
                                      "last_seal_age_s": {"type": ["number", "null"]},
                                      "latest_sealed_by": {"type": ["string", "null"]},
                                      "origin": _STR,
-                                     "fenced_writer_sessions": _INT})}),
+                                     "fenced_writer_sessions": _INT},
+                                    {"fencing": _obj({
+                                        "other_roles": {"type": "boolean"}, "role": _STR,
+                                        "missing": {"type": "array", "items": _STR}})})}),
     "openapi": {"type": "object", "required": ["openapi", "paths"]},
 }
 

@@ -40,6 +40,7 @@ from inference_wrapper.server.appkeys import (
     TRACER,
     VAULT,
 )
+from inference_wrapper.server.console import setup_console
 from inference_wrapper.server.content import vault_context
 from inference_wrapper.server.idempotency import Idempotency
 from inference_wrapper.server.metrics import Metrics
@@ -330,6 +331,5 @@ def create_app(settings: Settings, generator: AuditedGenerator, *,
                             anchor_context, witness_context, batcher_context,
                             supervisor_context, slo_context])
     app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])
-    from inference_wrapper.server.console import setup_console
     setup_console(app)  # the auditor's console at /console
     return app

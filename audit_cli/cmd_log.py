@@ -9,6 +9,7 @@ from typing import Any
 from audit_cli.evidence import add_key_option, pinned_verifier
 from audit_cli.filters import progress_printer
 from audit_cli.options import print_json
+from audit_cli.remembered import Memory, add_state_options
 from ledger.checkpoint import Checkpoint, NoteVerifier
 from ledger.errors import (
     CheckpointFormatError,
@@ -21,6 +22,7 @@ from ledger.errors import (
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", help="ledger database URL (default: the service's)")
     add_key_option(parser)
+    add_state_options(parser)
     parser.add_argument("--key-file", type=Path,
                         help="the log's signing key file (operators; default: the service's)")
     actions = parser.add_subparsers(dest="action", required=True)
@@ -30,6 +32,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     consistency.add_argument("first", type=int)
     consistency.add_argument("second", type=int)
     actions.add_parser("public-key", help="the verifier key to pin")
+    publish = actions.add_parser("publish", help="publish the log as C2SP tlog-tiles")
+    publish.add_argument("--to", required=True, help="a directory or s3://bucket[/prefix]")
+    publish.add_argument("--retention-days", type=int, default=None,
+                         help="S3 Object Lock retention (compliance mode; default 2557)")
 
 
 def _settings(args: argparse.Namespace) -> tuple[str, Path]:
@@ -92,11 +98,28 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.action == "consistency":
             return _consistency(args, ledger, _verifier(args, key_file))
-        from ledger.store.fsck import fsck
+        if args.action == "publish":
+            from ledger.publish.worker import open_sink, publish_latest
+
+            size = publish_latest(ledger, open_sink(args.to, args.retention_days))
+            print_json({"published_size": size, "to": args.to}) if args.json else \
+                print(f"published the checkpoint of size {size} and its tiles to {args.to}")
+            return 0 if size else 1
+        from ledger.store.fsck import Finding, fsck
 
         meta = None if args.log_key else ledger.log_meta()
-        report = fsck(ledger, _verifier(args, key_file, meta.origin if meta else None),
-                      progress=progress_printer("checked"))
+        verifier = _verifier(args, key_file, meta.origin if meta else None)
+        memory = Memory(args, verifier)
+        report = fsck(ledger, verifier, progress=progress_printer("checked"))
+        # A tail truncated or rewritten behind the checkpoint this auditor saw last.
+        divergence = memory.check(ledger)
+        if divergence is not None:
+            report.findings.insert(0, Finding(divergence.kind,
+                                              f"checkpoint {divergence.seen_size}",
+                                              divergence.message))
+        elif report.ok:
+            latest = ledger.latest_checkpoint()
+            memory.advance(latest.note if latest else None)
     if args.json:
         print_json({"ok": report.ok, "tree_size": report.tree_size,
                     "records_checked": report.records_checked,

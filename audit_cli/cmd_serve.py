@@ -23,7 +23,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     require_extra("serve", "torch", "transformers", "aiohttp")  # before anything imports them
-    from inference_wrapper.generator import AuditedGenerator
+    from inference_wrapper.audit.generator import AuditedGenerator
     from inference_wrapper.server import serve
     from inference_wrapper.server.app import LIFECYCLE, create_app, open_identity
     from inference_wrapper.server.logging_setup import setup_queued_logging

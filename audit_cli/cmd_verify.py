@@ -84,6 +84,12 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "per log under AUDIT_LEDGER_HOME/verifier)")
     parser.add_argument("--no-state", action="store_true",
                         help="neither read nor advance the state file")
+    window = parser.add_argument_group("a window bundle (export --window): filters applied "
+                                       "locally to its window's leaves")
+    from audit_cli.filters import FILTERS
+
+    for name in FILTERS:
+        window.add_argument(f"--{name.replace('_', '-')}", dest=name)
 
 
 def _salt(value: str | None, name: str) -> bytes | None:
@@ -163,7 +169,7 @@ def _replay_check(verdict: Verdict, args: argparse.Namespace, prompt: bytes | No
         text = prompt.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidInputError("--prompt-file", "--replay needs a UTF-8 prompt") from exc
-    from inference_wrapper.replay import replay
+    from inference_wrapper.audit.replay import replay
 
     result = replay(verdict.record, text, model_dir=args.model_dir,
                     manifest_path=args.model_manifest)
@@ -193,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
     disclosure = Disclosure(prompt, _salt(args.input_salt, "--input-salt"), output,
                             _salt(args.output_salt, "--output-salt"))
     state = _State(args, verifier)
+    if args.bundle and _is_window_bundle(args.bundle):
+        return _verify_window(args, verifier)
     if args.bundle:
         return _verify_bundle(args, verifier, policy, disclosure, state)
     if not args.record_id:
@@ -359,3 +367,34 @@ def _report(verdicts: list[Verdict], args: argparse.Namespace) -> None:
     print(f"{len(verdicts) - len(failed)} of {len(verdicts)} records verified")
     if SELF_ANCHORED in trust:
         print("SELF-ANCHORED: only the operator's own anchor vouches for this checkpoint")
+
+
+def _is_window_bundle(path: Path) -> bool:
+    from ledger.window_bundle import is_window_bundle
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return is_window_bundle(handle.read(200))
+    except (OSError, UnicodeDecodeError):
+        return False  # the bundle reader names what is wrong with it
+
+
+def _verify_window(args: argparse.Namespace, verifier: NoteVerifier) -> int:
+    """A window bundle: every leaf of its range present and checked against its signed
+    (and witnessed) checkpoint; filters (--tenant etc.) applied locally."""
+    from audit_cli.filters import FILTERS
+    from audit_cli.windows import leaf_filter, trusted_checkpoint
+    from ledger.window_bundle import WindowBundle, check_bundle
+
+    bundle = WindowBundle.loads(args.bundle.read_text(encoding="utf-8"))
+    checkpoint, vouched = trusted_checkpoint(args, verifier, bundle.checkpoint)
+    filters = {n: getattr(args, n) for n in FILTERS if getattr(args, n, None)}
+    answer = check_bundle(bundle, checkpoint, leaf_filter(filters, checkpoint.origin))
+    if args.json:
+        print_json({"complete": True, "start": answer.start, "end": answer.end,
+                    "in_window": answer.in_window, "matched": len(answer.matched),
+                    "tree_size": answer.tree_size, "checkpoint": vouched})
+    else:
+        print(f"{answer.summary()} (signed checkpoint of size {answer.tree_size}, "
+              f"{vouched}; {answer.in_window} leaves in the window)")
+    return EXIT_OK

@@ -21,8 +21,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import Gauge
 
-from inference_wrapper.batcher import Batcher
-from inference_wrapper.generator import AuditedGenerator
+from inference_wrapper.audit.batcher import Batcher
+from inference_wrapper.audit.generator import AuditedGenerator
 from inference_wrapper.server import logging_setup
 from inference_wrapper.server.appkeys import (
     ANCHOR_WORKER,
@@ -156,7 +156,11 @@ def open_identity(settings: Settings, ledger: SqlLedger) -> LogIdentity:
 async def ledger_context(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     await asyncio.to_thread(upgrade, settings.database_url)
-    ledger = SqlLedger(settings.database_url, pg=settings.pg_session()).start()
+    from datetime import timedelta
+
+    # The lag rule (docs/decisions/0037): what makes a time window a provable leaf range.
+    ledger = SqlLedger(settings.database_url, pg=settings.pg_session(),
+                       max_created_lag=timedelta(seconds=settings.max_created_lag_s)).start()
     app[LEDGER] = ledger
     try:
         identity = await asyncio.to_thread(open_identity, settings, ledger)
@@ -202,11 +206,21 @@ async def integrator_context(app: web.Application) -> AsyncIterator[None]:
                             interval_s=settings.checkpoint_interval_s,
                             replica_id=settings.replica_id or None).start()
     app[INTEGRATOR] = integrator
+    publisher = None
+    if settings.tiles_publish_to:
+        from ledger.publish.worker import PublishWorker, open_sink
+
+        publisher = PublishWorker(app[LEDGER], open_sink(settings.tiles_publish_to,
+                                                         settings.tiles_retention_days),
+                                  settings.tiles_publish_interval_s).start()
+        integrator.subscribe(publisher.wake)
     app[METRICS].bind_replica(integrator.replica_id, lambda: integrator.holds_lease,
                               lambda: last_seal(app[LEDGER]),
                               lambda: integrator.fenced_sessions)
     yield
     await asyncio.to_thread(integrator.stop)
+    if publisher is not None:
+        await asyncio.to_thread(publisher.stop)
 
 
 def make_anchor(settings: Settings, ledger: SqlLedger, signer: NoteSigner) -> Any:
@@ -331,5 +345,7 @@ def create_app(settings: Settings, generator: AuditedGenerator, *,
                             anchor_context, witness_context, batcher_context,
                             supervisor_context, slo_context])
     app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])
+    from inference_wrapper.server.tiles import tile_routes
+    app.add_routes(tile_routes())  # the log as C2SP tlog-tiles at /tlog
     setup_console(app)  # the auditor's console at /console
     return app

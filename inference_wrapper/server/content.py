@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from inference_wrapper.generator import AuditedOutput, PreparedRequest
+from inference_wrapper.audit.generator import AuditedOutput, PreparedRequest
 from inference_wrapper.server.appkeys import LEDGER, SETTINGS, VAULT
 from inference_wrapper.server.problems import Problem, invalid
 from inference_wrapper.server.validation import Field, check_fields, parse_json_body

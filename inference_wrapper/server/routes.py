@@ -15,10 +15,15 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from inference_wrapper.batcher import Answer, CallerGoneError, QueueFullError, ShuttingDownError
-from inference_wrapper.contract import ContextLengthError
-from inference_wrapper.generator import PreparedRequest
-from inference_wrapper.params import MAX_SEED, GenerationParams, Limits
+from inference_wrapper.audit.batcher import (
+    Answer,
+    CallerGoneError,
+    QueueFullError,
+    ShuttingDownError,
+)
+from inference_wrapper.audit.generator import PreparedRequest
+from inference_wrapper.engine.contract import ContextLengthError
+from inference_wrapper.engine.params import MAX_SEED, GenerationParams, Limits
 from inference_wrapper.server.appkeys import (
     ANCHOR_WORKER,
     BATCHER,

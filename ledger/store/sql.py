@@ -24,7 +24,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -283,8 +283,13 @@ class SqlLedger:
     """Journal, tree, checkpoints and mirror in one SQL database."""
 
     def __init__(self, url: str, *, sqlite_synchronous: str = "FULL",
-                 pg: PgSessionSettings | None = None) -> None:
+                 pg: PgSessionSettings | None = None,
+                 max_created_lag: timedelta | None = None) -> None:
         self.url = url
+        # The lag rule (ledger.window): no leaf older than the newest before it by more
+        # than this; None leaves it unchecked (tools and tests that write history).
+        self.max_created_lag = max_created_lag
+        self._newest: datetime | None = None
         self.is_postgres = url.startswith("postgresql")
         self.pg = pg or PgSessionSettings()
         self.engine = make_engine(url, pg=self.pg)
@@ -530,6 +535,10 @@ class SqlLedger:
             if compact is None or compact.size != size:
                 # Another process appended, or we just started: reload O(log n) nodes.
                 compact = merkle.CompactRange.load(size, lambda keys: _read_nodes(conn, keys))
+                if self.max_created_lag is not None:
+                    newest = conn.exec_driver_sql("SELECT max(created_at) FROM records").scalar()
+                    self._newest = (parse_timestamp(newest) if isinstance(newest, str)
+                                    else newest)
 
             ids = list({p.record.record_id for p in group}) if look_up_ids else []
             existing = {
@@ -563,6 +572,14 @@ class SqlLedger:
                                  in compact.append(record.leaf_hash))
                 columns = mirror_columns(record)
                 stamp = columns["created_at"]
+                if self.max_created_lag is not None:
+                    moment = parse_timestamp(stamp)
+                    if self._newest is not None and moment < self._newest - self.max_created_lag:
+                        results.append(InvalidInputError(
+                            "created_at", f"{stamp} is more than {self.max_created_lag} before "
+                            "the newest leaf's time (the lag rule keeps windows provable)"))
+                        continue
+                    self._newest = max(moment, self._newest or moment)
                 if stamp not in created_at:  # a batch's records share one timestamp
                     created = parse_timestamp(stamp)
                     # SQLite keeps DATETIME as text in SQLAlchemy's own format.

@@ -63,16 +63,17 @@ async def console(aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: An
     tokens = {"client": keys.create("bank-a", "client")[0],
               "auditor": keys.create("audit-firm", "auditor")[0],
               "admin": keys.create("operator", "admin")[0]}
-    answer = await (await client.post("/v1/generate", json={"prompt": "Hello console",
-                                                            "max_new_tokens": 4},
-                                      headers={"Authorization": f"Bearer {tokens['client']}"}
-                                      )).json()
     ledger = app[LEDGER]
     ids = []
+    # The past records first: the log refuses a leaf dated well before its newest one.
     for i in range(7):
         record = synthetic(i)
         await asyncio.to_thread(ledger.append, record)
         ids.append(record.record_id)
+    answer = await (await client.post("/v1/generate", json={"prompt": "Hello console",
+                                                            "max_new_tokens": 4},
+                                      headers={"Authorization": f"Bearer {tokens['client']}"}
+                                      )).json()
     witness = await asyncio.to_thread(cosign_latest, app)
     return Console(client, tokens, app[SIGNER].verifier().encode(), answer["record_id"], ids,
                    witness, app)

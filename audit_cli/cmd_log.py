@@ -58,9 +58,29 @@ def _verifier(args: argparse.Namespace, key_file: Path, origin: str | None = Non
     return (bind_to_origin(signer, origin) if origin else signer).verifier()
 
 
-def _log_origin(url: str) -> str | None:
-    """The origin stored in the log, if there is a log there to ask (public-key works
-    from the key file alone too)."""
+def _public_key(args: argparse.Namespace, url: str, key_file: Path) -> NoteVerifier:
+    """The verifier key to pin: ``--log-key`` as given; else, with ``--db``, the one the
+    log database itself recorded when it was created (no signing key needed: auditors
+    have the database, not the key); else from the signing key file."""
+    if args.log_key:
+        return pinned_verifier(args)
+    if args.db:
+        stored = _log_meta(args.db)
+        if stored is not None:
+            try:
+                return NoteVerifier.decode(stored[1])
+            except ValueError as exc:
+                raise CheckpointFormatError(f"the log's stored verifier key is not one: "
+                                            f"{exc}") from exc
+        if not key_file.is_file():
+            raise InvalidInputError("--db", "this database holds no log (no log identity "
+                                    "row): give --log-key or --key-file")
+    meta = _log_meta(url)
+    return _verifier(args, key_file, meta[0] if meta else None)
+
+
+def _log_meta(url: str) -> tuple[str, str] | None:
+    """(origin, verifier key) stored in the log, if there is a log there to ask."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from ledger.store.sql import SqlLedger
@@ -72,7 +92,7 @@ def _log_origin(url: str) -> str | None:
             meta = ledger.log_meta()
     except SQLAlchemyError:
         return None
-    return meta.origin if meta else None
+    return (meta.origin, meta.verifier_key) if meta else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
     url, key_file = _settings(args)
     if args.action == "public-key":
-        verifier = _verifier(args, key_file, None if args.log_key else _log_origin(url))
+        verifier = _public_key(args, url, key_file)
         print_json({"verifier_key": verifier.encode(), "origin": verifier.name}) if args.json \
             else print(verifier.encode())
         return 0
@@ -167,7 +187,11 @@ def _consistency(args: argparse.Namespace, ledger: Any, verifier: NoteVerifier) 
     if old is not None and new is not None and old.origin != new.origin:
         raise CheckpointFormatError(f"checkpoints {first} and {second} are for different "
                                     f"origins ({old.origin!r}, {new.origin!r})")
-    proof = ledger.consistency_proof(first, second)
+    try:
+        proof = ledger.consistency_proof(first, second)
+    except LookupError as exc:  # a damaged tree: the log cannot prove its own history
+        raise VerificationError(f"the log cannot prove {first} -> {second}: its tree "
+                                f"lacks a node ({exc}); run 'log fsck'") from exc
     if old is not None and new is not None:
         try:
             merkle.verify_consistency(first, second, proof, old.root, new.root)

@@ -25,7 +25,7 @@ from ledger.checkpoint import Checkpoint, NoteVerifier
 from ledger.client.sources import RecordNotFoundError, gather
 from ledger.cosignature import WitnessKey
 from ledger.error_map import EXIT_CHECK_FAILED, EXIT_OK
-from ledger.errors import InvalidInputError
+from ledger.errors import InvalidInputError, LedgerError
 from ledger.record import RECORD_SCHEMA
 from ledger.verify import (
     SELF_ANCHORED,
@@ -219,7 +219,8 @@ def run(args: argparse.Namespace) -> int:
             origin = _origin(args, evidence.checkpoint_note)
             verdict = verify_record(evidence, verifier, origin, seen_note=state.seen,
                                     disclosure=disclosure, policy=policy)
-            if not verdict.ok or state.advance(evidence.checkpoint_note):
+            # Only a checkpoint that itself meets the trust policy is remembered.
+            if not verdict.advances_state or state.advance(evidence.checkpoint_note):
                 break
     finally:
         if hasattr(source, "ledger"):
@@ -246,7 +247,22 @@ class _State:
             return None
         origin = _origin(self.args, checkpoint_note)
         self.path = self.args.state or default_state_path(self.verifier, origin)
-        self.seen = load_seen(self.path)
+        try:
+            self.seen = load_seen(self.path)
+        except OSError as exc:
+            raise InvalidInputError("--state", f"cannot read the state file {self.path}: "
+                                    f"{exc.strerror}") from exc
+        if self.seen is not None:
+            # The verifier's own memory, not evidence: a state it cannot read is named
+            # as such (never blamed on the log being verified).
+            try:
+                self.verifier.open_checkpoint(self.seen, origin)
+            except LedgerError as exc:
+                raise InvalidInputError(
+                    "--state", f"the state file {self.path} is not a checkpoint of {origin} "
+                    f"signed by the pinned key ({exc}); it was damaged or replaced: "
+                    "restore it, or remove it to start afresh (losing rollback "
+                    "detection up to now)") from exc
         return self.seen
 
     def advance(self, note: bytes) -> bool:
@@ -300,9 +316,12 @@ def _with_block(evidence: Any, source: Any) -> Any:
 
 def _verify_bundle(args: argparse.Namespace, verifier: NoteVerifier, policy: TrustPolicy,
                    disclosure: Disclosure, state: _State) -> int:
-    from ledger.bundle import Bundle
+    from ledger.bundle import MAX_BUNDLE_BYTES, Bundle
 
     try:
+        if args.bundle.stat().st_size > MAX_BUNDLE_BYTES:
+            raise InvalidInputError("--bundle", f"{args.bundle} is larger than "
+                                    f"{MAX_BUNDLE_BYTES} bytes: export it in parts")
         bundle = Bundle.loads(args.bundle.read_bytes())
     except OSError as exc:
         raise InvalidInputError("--bundle", f"cannot read {args.bundle}: {exc.strerror}") from exc
@@ -310,7 +329,9 @@ def _verify_bundle(args: argparse.Namespace, verifier: NoteVerifier, policy: Tru
     anchor = _bundle_anchor(args, verifier, bundle)
     for _ in range(STATE_ATTEMPTS):
         seen = state.load_for(bundle.checkpoint)
-        verdicts = []
+        # An entry that cannot be read fails check 1; the others are still judged.
+        verdicts = [record_missing(entry.record_id, str(entry.problem))
+                    for entry in bundle.problems(args.record_id)]
         for evidence in bundle.evidence(args.record_id, seen):
             if anchor is not None:
                 evidence = replace(evidence, **anchor)
@@ -318,9 +339,11 @@ def _verify_bundle(args: argparse.Namespace, verifier: NoteVerifier, policy: Tru
                                     disclosure=disclosure if args.record_id else None)
             verdicts.append(verdict)
         if args.record_id and not verdicts:
-            raise InvalidInputError("record_id", f"{args.record_id} is not in the bundle")
-        # The bundle's checkpoint, once every record verified, is something we have seen.
-        if not verdicts or not all(v.ok for v in verdicts) or state.advance(bundle.checkpoint):
+            verdicts = [record_missing(args.record_id, "the bundle holds no such record")]
+        # The bundle's checkpoint, once every record verified and if it meets the trust
+        # policy itself, is something we have seen.
+        if not verdicts or not all(v.advances_state for v in verdicts) \
+                or state.advance(bundle.checkpoint):
             break
     for verdict in verdicts:
         _replay_check(verdict, args, disclosure.prompt)

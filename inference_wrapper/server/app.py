@@ -180,7 +180,9 @@ async def ledger_context(app: web.Application) -> AsyncIterator[None]:
 
 async def receipts_context(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    store = ReceiptStore(app[LEDGER].engine, ttl_s=settings.idempotency_ttl_s)
+    # Answers are stored encrypted under the tenant's KEK: an erasure kills them too.
+    store = ReceiptStore(app[LEDGER].engine, ttl_s=settings.idempotency_ttl_s,
+                         keks=app[VAULT].keks)
     idempotency = Idempotency(store, settings.request_timeout_s)
     app[IDEMPOTENCY] = idempotency
 
@@ -216,7 +218,9 @@ async def integrator_context(app: web.Application) -> AsyncIterator[None]:
         integrator.subscribe(publisher.wake)
     app[METRICS].bind_replica(integrator.replica_id, lambda: integrator.holds_lease,
                               lambda: last_seal(app[LEDGER]),
-                              lambda: integrator.fenced_sessions)
+                              lambda: integrator.fenced_sessions,
+                              lambda: None if integrator.fencing_reach is None
+                              else integrator.fencing_reach.other_roles)
     yield
     await asyncio.to_thread(integrator.stop)
     if publisher is not None:
@@ -259,6 +263,8 @@ async def anchor_context(app: web.Application) -> AsyncIterator[None]:
     # In-memory state, refreshed by the worker's own thread: scraping never queries.
     metrics.anchor_lag.set_function(lambda: worker.current().lag_s)
     metrics.anchor_backlog.set_function(lambda: float(worker.current().backlog))
+    metrics.anchor_failures.set_function(lambda: float(worker.failures))
+    metrics.anchor_conflict.set_function(lambda: float(worker.conflict is not None))
     yield
     await asyncio.to_thread(worker.stop)
     try:  # anchor what the final seal produced, if the anchor is reachable and we lead

@@ -83,12 +83,13 @@ def evidence_dict(evidence: Evidence) -> dict[str, Any]:
         tree_size: int | None = Checkpoint.peek(evidence.checkpoint_note).size
     except LedgerError:
         tree_size = None  # an unreadable checkpoint fails check 3 in the browser
-    consistency = evidence.anchor_consistency
+    consistency, inclusion = evidence.anchor_consistency, evidence.inclusion_proof
     return {
         "record_id": evidence.record_id, "leaf_index": evidence.leaf_index,
         "canonical_base64": base64.b64encode(evidence.canonical).decode(),
         "log_leaf_hash": evidence.log_leaf_hash.hex() if evidence.log_leaf_hash else None,
-        "tree_size": tree_size, "inclusion_proof": [h.hex() for h in evidence.inclusion_proof],
+        "tree_size": tree_size,
+        "inclusion_proof": None if inclusion is None else [h.hex() for h in inclusion],
         "checkpoint": evidence.checkpoint_note.decode("utf-8", "replace"),
         "anchor_ref": evidence.anchor_ref,
         "anchored_checkpoint": (evidence.anchored_note.decode("utf-8", "replace")

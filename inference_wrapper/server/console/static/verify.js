@@ -263,6 +263,7 @@ async function verify(evidence, pins) {
     set(2, "skipped", "not run: the checkpoint's signature (check 3) did not pass, its root is not trusted");
   } else {
     try {
+      if (!Array.isArray(evidence.inclusion_proof)) throw new Error("the server gave no inclusion proof");
       if (evidence.tree_size !== checkpoint.size) throw new Error(`proof is for size ${evidence.tree_size}, the checkpoint has ${checkpoint.size}`);
       const root = await rootFromInclusion(leaf, evidence.leaf_index, checkpoint.size, evidence.inclusion_proof.map(unhex));
       if (!equal(root, checkpoint.root)) throw new Error(`calculated root ${hex(root)}, the checkpoint has ${hex(checkpoint.root)}`);
@@ -349,7 +350,7 @@ function renderEvidence(evidence, bytes) {
   $("tree-size").textContent = String(evidence.tree_size);
   $("log-leaf").textContent = String(evidence.log_leaf_hash);
   const proof = $("proof");
-  proof.replaceChildren(...evidence.inclusion_proof.map((h) => {
+  proof.replaceChildren(...(evidence.inclusion_proof || []).map((h) => {
     const li = document.createElement("li"); li.textContent = visible(h); return li;
   }));
   $("checkpoint").textContent = visible(evidence.checkpoint || "(none)");

@@ -42,6 +42,7 @@ from inference_wrapper.server.appkeys import (
     TRACER,
     VAULT,
 )
+from inference_wrapper.server.console import setup_console
 from inference_wrapper.server.content import vault_context
 from inference_wrapper.server.idempotency import Idempotency
 from inference_wrapper.server.metrics import Metrics
@@ -379,6 +380,5 @@ def create_app(settings: Settings, generator: AuditedGenerator, *,
     app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])
     from inference_wrapper.server.tiles import tile_routes
     app.add_routes(tile_routes())  # the log as C2SP tlog-tiles at /tlog
-    from inference_wrapper.server.console import setup_console
     setup_console(app)  # the auditor's console at /console
     return app

@@ -17,8 +17,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import transformers
 
-    from inference_wrapper.fingerprint.hardware import capture_hardware
-    from inference_wrapper.fingerprint.software import (
+    from inference_wrapper.engine.fingerprint.hardware import capture_hardware
+    from inference_wrapper.engine.fingerprint.software import (
         dependencies_digest,
         python_info,
         service_revision,

@@ -22,8 +22,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     require_extra("serve", "torch", "transformers")  # before anything imports them
-    from inference_wrapper.generator import AuditedGenerator
-    from inference_wrapper.params import GenerationParams
+    from inference_wrapper.audit.generator import AuditedGenerator
+    from inference_wrapper.engine.params import GenerationParams
 
     generator = AuditedGenerator(load_from_options(args))
     prompt = args.prompt

@@ -21,8 +21,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 def load_from_options(args: argparse.Namespace) -> Any:
     import torch
 
-    from inference_wrapper.model import load_default_model, load_model
-    from inference_wrapper.modelfiles import load_manifest
+    from inference_wrapper.engine.model import load_default_model, load_model
+    from inference_wrapper.engine.modelfiles import load_manifest
 
     torch.set_num_threads(args.torch_threads)
     if args.model_dir is None:

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-from inference_wrapper.generator import AuditedGenerator, BatchResult
-from inference_wrapper.model import load_model
-from inference_wrapper.params import GenerationParams
-from inference_wrapper.tiny import build_tiny_model
+from inference_wrapper.audit.generator import AuditedGenerator, BatchResult
+from inference_wrapper.engine.model import load_model
+from inference_wrapper.engine.params import GenerationParams
+from inference_wrapper.engine.tiny import build_tiny_model
 from ledger.store.migrate import upgrade
 from ledger.store.sql import SqlLedger
 

@@ -49,10 +49,10 @@ def serve_bare(port: int, model_dir: str, manifest: str) -> None:
     import torch
     from aiohttp import web
 
-    from inference_wrapper.batcher import Batcher
-    from inference_wrapper.generator import AuditedGenerator
-    from inference_wrapper.model import load_model
-    from inference_wrapper.params import GenerationParams
+    from inference_wrapper.audit.batcher import Batcher
+    from inference_wrapper.audit.generator import AuditedGenerator
+    from inference_wrapper.engine.model import load_model
+    from inference_wrapper.engine.params import GenerationParams
 
     torch.set_num_threads(1)
     generator = AuditedGenerator(load_model(Path(model_dir),
@@ -213,7 +213,7 @@ def main() -> None:
     levels = [int(x) for x in args.levels.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         from inference_wrapper.defaults import DEFAULT_MODEL_DIR, PINNED_MANIFEST
-        from inference_wrapper.tiny import build_tiny_model
+        from inference_wrapper.engine.tiny import build_tiny_model
 
         if args.default_model:
             model_dir, manifest = DEFAULT_MODEL_DIR, PINNED_MANIFEST

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from inference_wrapper.generator import AuditedGenerator
-from inference_wrapper.model import load_model
-from inference_wrapper.params import GenerationParams
-from inference_wrapper.tiny import build_tiny_model
+from inference_wrapper.audit.generator import AuditedGenerator
+from inference_wrapper.engine.model import load_model
+from inference_wrapper.engine.params import GenerationParams
+from inference_wrapper.engine.tiny import build_tiny_model
 
 PROMPT = "Summarise the quarterly credit exposure of the retail portfolio."
 

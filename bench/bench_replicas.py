@@ -115,7 +115,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="repeat both configurations, alternating their order")
     args = parser.parse_args()
-    from inference_wrapper.tiny import build_tiny_model
+    from inference_wrapper.engine.tiny import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)

@@ -120,7 +120,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    from inference_wrapper.tiny import build_tiny_model
+    from inference_wrapper.engine.tiny import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "tiny"

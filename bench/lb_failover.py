@@ -57,7 +57,7 @@ def main() -> int:
     if shutil.which("haproxy") is None:
         print("haproxy is not on PATH", file=sys.stderr)
         return 2
-    from inference_wrapper.tiny import build_tiny_model
+    from inference_wrapper.engine.tiny import build_tiny_model
 
     name = f"audit_lb_{uuid.uuid4().hex[:12]}"
     admin = create_engine(f"{PG}/postgres", isolation_level="AUTOCOMMIT")

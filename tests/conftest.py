@@ -20,7 +20,7 @@ def one_torch_thread() -> None:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, one_torch_thread: None) -> Path:
-    from inference_wrapper.tiny import build_tiny_model
+    from inference_wrapper.engine.tiny import build_tiny_model
 
     directory = tmp_path_factory.mktemp("tiny") / "tiny-llama"
     build_tiny_model(directory)
@@ -37,7 +37,7 @@ def tiny_manifest(tiny_model_dir: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def tiny_generator(tiny_model_dir: Path, tiny_manifest: dict[str, Any]) -> Any:
-    from inference_wrapper.generator import AuditedGenerator
-    from inference_wrapper.model import load_model
+    from inference_wrapper.audit.generator import AuditedGenerator
+    from inference_wrapper.engine.model import load_model
 
     return AuditedGenerator(load_model(tiny_model_dir, name="tiny-llama", manifest=tiny_manifest))

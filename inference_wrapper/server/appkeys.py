@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from inference_wrapper.batcher import Batcher
-from inference_wrapper.generator import AuditedGenerator
+from inference_wrapper.audit.batcher import Batcher
+from inference_wrapper.audit.generator import AuditedGenerator
 from inference_wrapper.server.idempotency import Idempotency
 from inference_wrapper.server.journal import WatchedJournal
 from inference_wrapper.server.metrics import Metrics

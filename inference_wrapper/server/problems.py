@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from inference_wrapper.batcher import QueueFullError, ShuttingDownError
+from inference_wrapper.audit.batcher import QueueFullError, ShuttingDownError
 from ledger.error_map import http_status_for
 from ledger.errors import BackendError, DuplicateRecordError, InvalidInputError, LedgerError
 

@@ -26,8 +26,8 @@ from typing import Any
 
 from aiohttp import web
 
-from inference_wrapper.batcher import Answer, QueueFullError, ShuttingDownError, TokenFeed
-from inference_wrapper.generator import PreparedRequest, streamable_text
+from inference_wrapper.audit.batcher import Answer, QueueFullError, ShuttingDownError, TokenFeed
+from inference_wrapper.audit.generator import PreparedRequest, streamable_text
 from inference_wrapper.server.appkeys import BATCHER, GENERATOR, JOURNAL, SETTINGS
 from inference_wrapper.server.problems import CommittedProblem, Problem, not_admitted
 from ledger.error_map import http_status_for

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ledger.canonical import parse_strict, strict_int
 from ledger.checkpoint import Checkpoint
+from ledger.client import safe_http
 from ledger.errors import (
     BackendError,
     BackendUnavailableError,
@@ -38,9 +38,13 @@ class RecordNotFoundError(BackendError):
     """The source has no such record (or will not say it has)."""
 
 
+class ProofUnavailableError(BackendError):
+    """The source answered but cannot produce the proof (e.g. its tree lacks a node)."""
+
+
 class EvidenceSource(Protocol):
     def record(self, record_id: str) -> RecordEvidence: ...
-    def inclusion(self, record: RecordEvidence) -> tuple[list[bytes], bytes]: ...
+    def inclusion(self, record: RecordEvidence) -> tuple[list[bytes] | None, bytes]: ...
     def consistency(self, size1: int, size2: int) -> list[bytes]: ...
     def anchored(self) -> tuple[bytes, str] | None: ...
 
@@ -86,6 +90,7 @@ def gather(source: EvidenceSource, record_id: str,
         anchor_consistency=anchor_consistency, seen_consistency=seen_consistency,
         log_leaf_hash=record.log_leaf_hash,
         anchor_from_fabric=anchor_reader is not None and anchored is not None,
+        log_size=source.log_size() if hasattr(source, "log_size") else None,
     )
 
 
@@ -135,11 +140,9 @@ class ServerSource:
         url = self.base_url + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
-        request = urllib.request.Request(url, headers={
-            "Authorization": f"Bearer {self.api_key}", "Accept": "application/json"})
+        headers = {"Authorization": f"Bearer {self.api_key}", "Accept": "application/json"}
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                answer = json.loads(response.read())
+            answer = parse_strict(safe_http.get(url, headers, self.timeout_s))
             if not isinstance(answer, dict):
                 raise ValueError("not a JSON object")
             return answer
@@ -147,7 +150,7 @@ class ServerSource:
             raise MalformedAnswerError(f"{path}: the server's answer is not evidence "
                                        f"({exc})") from exc
         except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:300]
+            detail = exc.read(300).decode(errors="replace")
             if exc.code == 404:
                 raise RecordNotFoundError(f"{path}: not found ({detail})") from exc
             if exc.code in (401, 403):
@@ -162,10 +165,12 @@ class ServerSource:
         proof = self.get(f"/v1/records/{quoted}/proof")
         self._proofs[record_id] = proof
         with _fields(f"/v1/records/{quoted}"):
+            anchor_ref = body.get("anchor_ref")
             return RecordEvidence(record_id,
                                   base64.b64decode(body["canonical_base64"], validate=True),
-                                  int(body["leaf_index"]), bytes.fromhex(proof["leaf_hash"]),
-                                  body.get("anchor_ref"))
+                                  strict_int(body["leaf_index"], "leaf_index"),
+                                  bytes.fromhex(proof["leaf_hash"]),
+                                  None if anchor_ref is None else str(anchor_ref))
 
     def inclusion(self, record: RecordEvidence) -> tuple[list[bytes], bytes]:
         # The server answers a record's proof by record id; record() fetched it.

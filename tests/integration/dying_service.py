@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from audit_cli.main import main
-from inference_wrapper.batcher import Batcher
+from inference_wrapper.audit.batcher import Batcher
 
 
 def _broken(self: Any) -> Any:

@@ -359,7 +359,7 @@ async def test_openapi_matches_the_routes(service: Any) -> None:
 async def test_drain_answers_queued_requests_and_commits_them(
     aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any
 ) -> None:
-    from inference_wrapper.batcher import Batcher, ShuttingDownError
+    from inference_wrapper.audit.batcher import Batcher, ShuttingDownError
     from ledger.store.migrate import upgrade
     from ledger.store.sql import SqlLedger
 
@@ -381,7 +381,7 @@ async def test_drain_answers_queued_requests_and_commits_them(
 async def test_retain_runs_only_for_batches_whose_tenants_may_keep_content(
     settings: Settings, tiny_generator: Any
 ) -> None:
-    from inference_wrapper.batcher import Batcher
+    from inference_wrapper.audit.batcher import Batcher
     from ledger.store.migrate import upgrade
     from ledger.store.sql import SqlLedger
 
@@ -412,7 +412,7 @@ async def test_retain_runs_only_for_batches_whose_tenants_may_keep_content(
 async def test_a_failing_retain_needed_retains_as_usual(
     settings: Settings, tiny_generator: Any
 ) -> None:
-    from inference_wrapper.batcher import Batcher
+    from inference_wrapper.audit.batcher import Batcher
     from ledger.store.migrate import upgrade
     from ledger.store.sql import SqlLedger
 

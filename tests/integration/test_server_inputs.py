@@ -382,7 +382,7 @@ def test_cli_creates_all_tenant_admins_only(tmp_path: Path,
 async def test_replay_reproduces_stop_cut_and_truncated_records(
     service: Any, tiny_model_dir: Path
 ) -> None:
-    from inference_wrapper.replay import replay
+    from inference_wrapper.audit.replay import replay
 
     client, tokens = service
     model = client.server.app[GENERATOR].loaded.name

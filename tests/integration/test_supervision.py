@@ -171,7 +171,7 @@ async def test_a_dead_batcher_stops_the_process_with_a_non_zero_status(
 async def test_drain_ends_at_once_when_the_batching_task_died(
     ledger: SqlLedger, tiny_generator: Any
 ) -> None:
-    from inference_wrapper.batcher import Batcher
+    from inference_wrapper.audit.batcher import Batcher
 
     batcher = Batcher(tiny_generator, ledger, max_wait_ms=1)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from inference_wrapper.generator import streamable_text
+from inference_wrapper.audit.generator import streamable_text
 from inference_wrapper.server.app import BATCHER, KEYS, LEDGER, create_app
 from inference_wrapper.server.settings import Settings
 from ledger.digest import commitment_matches

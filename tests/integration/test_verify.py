@@ -411,7 +411,7 @@ async def test_replay_reproduces_the_output_token_digest(
 async def test_replay_against_another_model_is_refused(
     service: Service, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from inference_wrapper.tiny import build_tiny_model
+    from inference_wrapper.engine.tiny import build_tiny_model
 
     answer = await service.generate()
     service.seal()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference_wrapper.batcher import FILL_WINDOWS, fill_deadline
+from inference_wrapper.audit.batcher import FILL_WINDOWS, fill_deadline
 
 
 def test_a_lone_request_waits_one_window() -> None:
@@ -25,7 +25,7 @@ def test_a_batcher_shortens_the_gil_switch_interval_until_it_has_drained() -> No
     import asyncio
     import sys
 
-    from inference_wrapper.batcher import GIL_SWITCH_INTERVAL_S, Batcher
+    from inference_wrapper.audit.batcher import GIL_SWITCH_INTERVAL_S, Batcher
 
     async def run(interval: float | None) -> float:
         batcher = Batcher(object(), object(), gil_switch_interval_s=interval)  # type: ignore[arg-type]

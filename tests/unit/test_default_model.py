@@ -9,9 +9,9 @@ from inference_wrapper.defaults import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
 
 @pytest.mark.slow
 def test_default_model_answers_and_is_pinned() -> None:
-    from inference_wrapper.generator import AuditedGenerator
-    from inference_wrapper.model import load_default_model
-    from inference_wrapper.params import GenerationParams
+    from inference_wrapper.audit.generator import AuditedGenerator
+    from inference_wrapper.engine.model import load_default_model
+    from inference_wrapper.engine.params import GenerationParams
 
     assert DEFAULT_MODEL_DIR.is_dir(), "run scripts/setup.sh first"
     generator = AuditedGenerator(load_default_model(device="cpu"))

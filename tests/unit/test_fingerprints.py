@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from inference_wrapper.fingerprint.hardware import (
+from inference_wrapper.engine.fingerprint.hardware import (
     GpuProperties,
     NvmlInfo,
     capture_hardware,
@@ -97,6 +97,6 @@ def test_software_fingerprint_fields(tiny_generator: Any) -> None:
 
 
 def test_service_revision_outside_a_checkout(tmp_path: Any) -> None:
-    from inference_wrapper.fingerprint.software import service_revision
+    from inference_wrapper.engine.fingerprint.software import service_revision
 
     assert service_revision(tmp_path) == {"git_revision": "unknown", "dirty": None}

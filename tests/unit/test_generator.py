@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from inference_wrapper.params import GenerationParams
+from inference_wrapper.engine.params import GenerationParams
 from ledger import merkle
 from ledger.digest import commitment_matches
 from ledger.errors import InvalidInputError
@@ -97,7 +97,7 @@ def test_a_per_row_leaf_missing_from_the_layout_fails_the_batch(
         tiny_generator: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Should someone add a per-row leaf to the record and not to ROW_LEAVES, the later
     rows would carry the first row's value in their bytes: sealing refuses instead."""
-    from inference_wrapper import generator as generator_module
+    from inference_wrapper.audit import generator as generator_module
     from ledger.canonical import LayoutError
 
     leaves = tuple(leaf for leaf in generator_module.ROW_LEAVES if leaf != "data.input_bytes")
@@ -132,9 +132,9 @@ SCRIPT = """
 import json, sys, torch
 torch.set_num_threads(1)
 from pathlib import Path
-from inference_wrapper.generator import AuditedGenerator
-from inference_wrapper.model import load_model
-from inference_wrapper.params import GenerationParams
+from inference_wrapper.audit.generator import AuditedGenerator
+from inference_wrapper.engine.model import load_model
+from inference_wrapper.engine.params import GenerationParams
 manifest = json.loads(Path(sys.argv[2]).read_text())
 gen = AuditedGenerator(load_model(Path(sys.argv[1]), name="tiny-llama", manifest=manifest))
 out = gen.generate(sys.argv[3], GenerationParams(max_new_tokens=16))

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from inference_wrapper.model import load_model
-from inference_wrapper.modelfiles import build_manifest, manifest_digest, verify_directory
+from inference_wrapper.engine.model import load_model
+from inference_wrapper.engine.modelfiles import build_manifest, manifest_digest, verify_directory
 from ledger.errors import ModelIntegrityError
 
 
@@ -62,6 +62,6 @@ def test_digest_is_order_independent_and_matches(
 
 
 def test_tiny_model_build_is_reproducible(tmp_path: Path, tiny_manifest: dict[str, Any]) -> None:
-    from inference_wrapper.tiny import build_tiny_model
+    from inference_wrapper.engine.tiny import build_tiny_model
 
     assert build_tiny_model(tmp_path / "again") == tiny_manifest

@@ -76,7 +76,7 @@ def test_query_integer_bounds() -> None:
 def test_stop_cut_keeps_tokens_up_to_the_completing_one(tiny_model_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    from inference_wrapper.generator import apply_stop
+    from inference_wrapper.audit.generator import apply_stop
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
     ids = tokenizer("abcXYdefXYg", add_special_tokens=False)["input_ids"]
@@ -94,7 +94,7 @@ def test_contract_count_matches_the_tokenizer_even_with_backend_truncation(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from inference_wrapper.contract import ContextLengthError, TokenizationContract
+    from inference_wrapper.engine.contract import ContextLengthError, TokenizationContract
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
     contract = TokenizationContract(tokenizer_digest="sha256:unused", max_length=16)

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from inference_wrapper.generator import (
+from inference_wrapper.audit.generator import (
     AuditedGenerator,
     AuditedOutput,
     BatchResult,

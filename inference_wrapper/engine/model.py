@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference_wrapper.contract import tokenizer_digest
 from inference_wrapper.defaults import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME, PINNED_MANIFEST
-from inference_wrapper.modelfiles import (
+from inference_wrapper.engine.contract import tokenizer_digest
+from inference_wrapper.engine.modelfiles import (
     build_manifest,
     load_manifest,
     manifest_digest,

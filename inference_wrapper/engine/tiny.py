@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from inference_wrapper.modelfiles import build_manifest
+from inference_wrapper.engine.modelfiles import build_manifest
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>"]
 CHAT_TEMPLATE = (

@@ -13,17 +13,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from inference_wrapper.contract import TokenizationContract
-from inference_wrapper.fingerprint.data import DataFingerprint, MaskPattern, token_ids_digest
-from inference_wrapper.fingerprint.hardware import GpuProbe, HardwareFingerprint, capture_hardware
-from inference_wrapper.fingerprint.software import SoftwareFingerprint, capture_software
-from inference_wrapper.model import LoadedModel
-from inference_wrapper.params import MAX_SEED, GenerationParams, Limits, validate_prompt
+from inference_wrapper.audit.data_fingerprint import DataFingerprint, MaskPattern, token_ids_digest
+from inference_wrapper.engine.contract import TokenizationContract
+from inference_wrapper.engine.fingerprint.hardware import (
+    GpuProbe,
+    HardwareFingerprint,
+    capture_hardware,
+)
+from inference_wrapper.engine.fingerprint.software import SoftwareFingerprint, capture_software
+from inference_wrapper.engine.model import LoadedModel
+from inference_wrapper.engine.params import MAX_SEED, GenerationParams, Limits, validate_prompt
 from ledger.canonical import Canonical, json_number
 from ledger.digest import commit_text, new_salt
 from ledger.record import (
     AuditRecord,
     RecordFamily,
+    build_stream_start,
     record_members,
     timings_json,
     utc_timestamp,
@@ -418,8 +423,6 @@ class AuditedGenerator:
     def stream_start(self, request: PreparedRequest, route: str) -> AuditRecord:
         """The start record of a streamed request: input commitment, fingerprints and
         parameters, committed before any of its tokens leaves the server."""
-        from ledger.stream_record import build_stream_start
-
         return build_stream_start(
             tenant=request.tenant, model=self._model, hardware=self._hardware,
             software=self._software,

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from inference_wrapper.modelfiles import file_sha256
+from inference_wrapper.engine.modelfiles import file_sha256
 from ledger.canonical import canonical_bytes
 from ledger.digest import sha256_digest
 from ledger.errors import InvalidInputError, ModelIntegrityError

@@ -1,0 +1,121 @@
+"""The ``audit-leaf/v2`` envelope: what the Merkle tree holds for every v2 leaf.
+
+    {"body":"sha256:<hex>","created_at":"...","kind":"audit-record/v2",
+     "schema":"audit-leaf/v2","tenant_tag":"sha256:<hex>"|null}
+
+The leaf hash is RFC 9162's ``SHA-256(0x00 || envelope bytes)``; the body (canonical
+JSON) is stored and served beside it and bound by its digest. A reader of the envelopes
+alone (tiles, a tenant's completeness check) learns each leaf's kind, time and tenant
+tag, never its body. The tag names a tenant only to whoever knows the tenant's name and
+the log's origin (decision record 0026 says what that discloses).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ledger import merkle
+from ledger.canonical import canonical_bytes, parse_strict
+from ledger.digest import SHA256_PREFIX
+from ledger.errors import CanonicalFormError, LeafBindingError
+
+ENVELOPE_SCHEMA = "audit-leaf/v2"
+ENVELOPE_KEYS = frozenset(("schema", "kind", "created_at", "tenant_tag", "body"))
+TENANT_TAG_LABEL = "audit-ledger tenant-tag/v1\n"
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
+# RFC 3339 UTC with milliseconds, as ``utc_timestamp`` writes it.
+TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z\Z")
+
+
+def tenant_tag(origin: str, tenant: str) -> str:
+    """The tag a tenant's leaves carry in this log (``origin``): a hash of both names,
+    so one tenant's tags differ from log to log."""
+    text = TENANT_TAG_LABEL + origin + "\n" + tenant
+    return SHA256_PREFIX + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def body_digest(body: bytes) -> str:
+    return SHA256_PREFIX + hashlib.sha256(body).hexdigest()
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """A v2 leaf: its envelope bytes (hashed into the tree), its body bytes (stored
+    beside it), the leaf hash, and the parsed body (``content``)."""
+
+    envelope: bytes
+    body: bytes
+    leaf_hash: bytes
+    kind: str
+    content: Mapping[str, Any]
+
+    @property
+    def canonical(self) -> bytes:
+        """The bytes the tree hashes (a v1 record's ``canonical`` is the same thing)."""
+        return self.envelope
+
+    @property
+    def record_id(self) -> str:
+        return str(self.content["record_id"])
+
+    @property
+    def created_at(self) -> str:
+        return str(self.content["created_at"])
+
+    @property
+    def tenant(self) -> str | None:
+        """The tenant of a tenant-scoped leaf; None for a log-wide one (environment)."""
+        tenant = self.content.get("tenant")
+        return None if tenant is None else str(tenant)
+
+
+def envelope_members(kind: str, created_at: str, tag: str | None, body: bytes
+                     ) -> dict[str, Any]:
+    return {"schema": ENVELOPE_SCHEMA, "kind": kind, "created_at": created_at,
+            "tenant_tag": tag, "body": body_digest(body)}
+
+
+def seal(kind: str, content: Mapping[str, Any], body: bytes, tag: str | None) -> Leaf:
+    """The leaf of an already validated body (``body``: its canonical bytes)."""
+    envelope = canonical_bytes(envelope_members(kind, str(content["created_at"]), tag, body))
+    return Leaf(envelope, body, merkle.hash_leaf(envelope), kind, content)
+
+
+def parse_envelope(envelope: bytes) -> dict[str, Any]:
+    """An envelope's members, shape-checked (not yet bound to any body)."""
+    value = parse_strict(envelope)
+    if not isinstance(value, dict) or set(value) != ENVELOPE_KEYS:
+        got = sorted(value) if isinstance(value, dict) else type(value).__name__
+        raise CanonicalFormError(f"an envelope has exactly {sorted(ENVELOPE_KEYS)}; "
+                                 f"got {got}", field="envelope")
+    if value["schema"] != ENVELOPE_SCHEMA:
+        raise CanonicalFormError(f"must be {ENVELOPE_SCHEMA!r}", field="envelope.schema")
+    if not isinstance(value["kind"], str) or not value["kind"]:
+        raise CanonicalFormError("must be a non-empty string", field="envelope.kind")
+    if not isinstance(value["created_at"], str) or not TIMESTAMP.match(value["created_at"]):
+        raise CanonicalFormError("must be RFC 3339 UTC with milliseconds",
+                                 field="envelope.created_at")
+    tag = value["tenant_tag"]
+    if tag is not None and (not isinstance(tag, str) or not _DIGEST.match(tag)):
+        raise CanonicalFormError("must be null or 'sha256:<64 hex>'",
+                                 field="envelope.tenant_tag")
+    if not isinstance(value["body"], str) or not _DIGEST.match(value["body"]):
+        raise CanonicalFormError("must be 'sha256:<64 hex>'", field="envelope.body")
+    return value
+
+
+def is_envelope(leaf_bytes: bytes) -> bool:
+    """Whether stored leaf bytes are a v2 envelope (a v1 leaf is its record itself).
+    A cheap test on the bytes: canonical JSON puts ``body`` first and every v1 record
+    starts with another member, so this never mistakes one for the other."""
+    return leaf_bytes.startswith(b'{"body":"sha256:')
+
+
+def check_body_digest(envelope: Mapping[str, Any], body: bytes) -> None:
+    if body_digest(body) != envelope["body"]:
+        raise LeafBindingError(f"the body hashes to {body_digest(body)}, the envelope "
+                               f"names {envelope['body']}")

@@ -1,0 +1,55 @@
+"""Opening a stored v2 leaf: envelope and body checked together (verify's check 1 core).
+
+The kinds of v2 body the log may hold, and whether each is tenant-scoped (its envelope
+carries the tenant tag of the body's tenant) or log-wide (no tag, no tenant).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ledger import merkle
+from ledger.canonical import parse_canonical, parse_strict
+from ledger.errors import CanonicalFormError, LeafBindingError
+from ledger.leaves.envelope import Leaf, check_body_digest, parse_envelope, tenant_tag
+from ledger.leaves.environment import ENVIRONMENT_KIND, validate_environment
+from ledger.leaves.record_v2 import RECORD_KIND, validate_record_v2
+
+# kind -> (the body's rules, tenant-scoped?)
+V2_KINDS: dict[str, tuple[Callable[[Mapping[str, Any]], None], bool]] = {
+    RECORD_KIND: (validate_record_v2, True),
+    ENVIRONMENT_KIND: (validate_environment, False),
+}
+
+
+def open_leaf(envelope: bytes, body: bytes, origin: str, *, strict: bool = False) -> Leaf:
+    """The leaf these bytes make, or the error that says why they make none: the
+    envelope's shape, the body's digest, the body's kind rules, and the envelope's
+    kind, time and tenant tag against the body's. ``strict`` also refuses bytes that are
+    not in canonical form (what the writer produced; fsck checks it)."""
+    fields = parse_envelope(envelope)
+    check_body_digest(fields, body)
+    kind = fields["kind"]
+    rules = V2_KINDS.get(kind)
+    if rules is None:
+        raise CanonicalFormError(f"kind must be one of {sorted(V2_KINDS)}",
+                                 field="envelope.kind")
+    validate, tenant_scoped = rules
+    content = parse_canonical(body) if strict else parse_strict(body)
+    if strict:
+        parse_canonical(envelope)
+    if not isinstance(content, dict) or content.get("schema") != kind:
+        raise LeafBindingError(f"the envelope's kind is {kind}, the body's schema is "
+                               f"{content.get('schema') if isinstance(content, dict) else None}")
+    validate(content)
+    if content["created_at"] != fields["created_at"]:
+        raise LeafBindingError(f"the envelope's time {fields['created_at']} is not the "
+                               f"body's {content['created_at']}")
+    expected = tenant_tag(origin, content["tenant"]) if tenant_scoped else None
+    if fields["tenant_tag"] != expected:
+        raise LeafBindingError(
+            f"the envelope's tenant tag {fields['tenant_tag']} is not "
+            + (f"the tag of tenant {content['tenant']!r} in log {origin!r}" if tenant_scoped
+               else "null (a log-wide leaf has none)"))
+    return Leaf(envelope, body, merkle.hash_leaf(envelope), kind, content)

@@ -1,0 +1,191 @@
+"""The ``audit-record/v2`` body: what one generate call leaves, nothing guessable.
+
+Content appears only as labelled HMAC commitments (``commitments``); every other member
+is a disclosed fact about the call (counts, shape, padding, parameters, timings, the
+batch it ran in), checked here to be numbers, booleans or fixed words, so that no free
+text, and so no digest of content, can slip into a body. The engine's hardware and
+software are not repeated: ``environment`` names the ``environment/v1`` leaf (index and
+leaf hash) the call ran under. Decision record 0026 gives the field table.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ledger.canonical import canonical_bytes, json_number
+from ledger.errors import CanonicalFormError
+from ledger.leaf_base import new_record_id, utc_timestamp, validate_common
+from ledger.leaves.commitments import validate_commitments
+from ledger.leaves.envelope import TIMESTAMP, Leaf, seal, tenant_tag
+
+RECORD_KIND = "audit-record/v2"
+RECORD_KEYS = frozenset(("schema", "record_id", "created_at", "tenant", "engine",
+                         "environment", "commitments", "data", "batch", "timings_ms",
+                         "gpu_sample"))
+OPTIONAL_KEYS = frozenset(("stream",))
+DATA_KEYS = frozenset(("input_token_count", "output_token_count", "truncated",
+                       "finish_reason", "shape", "padding", "generation"))
+FINISH_REASONS = frozenset(("stop", "length"))
+PADDING_SIDES = frozenset(("left", "right"))
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+_HEX32 = re.compile(r"[0-9a-f]{32}\Z")
+_ENGINE = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
+
+
+@dataclass(frozen=True)
+class EnvironmentRef:
+    """The environment leaf a record ran under: its index and leaf hash."""
+
+    leaf_index: int
+    leaf_hash: bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {"leaf_index": self.leaf_index, "leaf_hash": self.leaf_hash.hex()}
+
+
+def row_data(*, input_token_count: int, output_token_count: int, truncated: bool,
+             finish_reason: str, rows: int, padded_length: int, padding_side: str,
+             padding_count: int, generation: Mapping[str, Any]) -> dict[str, Any]:
+    """The disclosed facts of one row (``data``)."""
+    return {
+        "input_token_count": input_token_count,
+        "output_token_count": output_token_count,
+        "truncated": truncated,
+        "finish_reason": finish_reason,
+        "shape": [rows, padded_length],
+        "padding": {"side": padding_side, "count": padding_count},
+        "generation": {k: json_number(v) if isinstance(v, float) else v
+                       for k, v in generation.items()},
+    }
+
+
+def build_record_v2(
+    *,
+    origin: str,
+    tenant: str,
+    engine: str,
+    environment: EnvironmentRef,
+    commitments: Mapping[str, str],
+    data: Mapping[str, Any],
+    batch: Mapping[str, Any],
+    timings_ms: Mapping[str, int | float],
+    gpu_sample: Mapping[str, Any] | None = None,
+    stream_start_record_id: str | None = None,
+    record_id: str | None = None,
+    created_at: str | None = None,
+) -> Leaf:
+    """One call's leaf: body validated and canonicalized, envelope tagged for ``tenant``
+    in the log ``origin``."""
+    content: dict[str, Any] = {
+        "schema": RECORD_KIND,
+        "record_id": record_id or new_record_id(),
+        "created_at": created_at or utc_timestamp(),
+        "tenant": tenant,
+        "engine": engine,
+        "environment": environment.to_json(),
+        "commitments": dict(commitments),
+        "data": dict(data),
+        "batch": dict(batch),
+        "timings_ms": {k: json_number(round(float(v), 3)) for k, v in timings_ms.items()},
+        "gpu_sample": None if gpu_sample is None else dict(gpu_sample),
+    }
+    if stream_start_record_id is not None:
+        content["stream"] = {"start_record_id": stream_start_record_id}
+    validate_record_v2(content)
+    return seal(RECORD_KIND, content, canonical_bytes(content), tenant_tag(origin, tenant))
+
+
+def _fail(field: str, message: str) -> CanonicalFormError:
+    return CanonicalFormError(message, field=f"record.{field}")
+
+
+def _count(value: Any, field: str) -> None:
+    if type(value) is not int or value < 0:
+        raise _fail(field, "must be a non-negative integer")
+
+
+def _number(value: Any) -> bool:
+    return type(value) in (int, float)
+
+
+def validate_record_v2(body: Mapping[str, Any]) -> None:
+    """An ``audit-record/v2`` body's rules: exact members, each of its kind."""
+    keys = set(body)
+    if not RECORD_KEYS <= keys or not keys <= RECORD_KEYS | OPTIONAL_KEYS:
+        wrong = sorted((RECORD_KEYS - keys) | (keys - RECORD_KEYS - OPTIONAL_KEYS))
+        raise _fail("", f"an audit-record/v2 body has exactly {sorted(RECORD_KEYS)} "
+                    f"(and optionally stream); wrong: {wrong}")
+    if body["schema"] != RECORD_KIND:
+        raise _fail("schema", f"must be {RECORD_KIND!r}")
+    validate_common(body)
+    if not TIMESTAMP.match(body["created_at"]):
+        raise _fail("created_at", "must be RFC 3339 UTC with milliseconds")
+    if not isinstance(body["engine"], str) or not _ENGINE.match(body["engine"]):
+        raise _fail("engine", "must be 1-64 letters, digits, '.', '_' or '-'")
+    _validate_environment_ref(body["environment"])
+    validate_commitments(body["commitments"])
+    _validate_data(body["data"])
+    batch = body["batch"]
+    if not isinstance(batch, Mapping) or set(batch) != {"id", "size", "row"}:
+        raise _fail("batch", "must hold exactly id, size, row")
+    if not isinstance(batch["id"], str) or not _HEX32.match(batch["id"]):
+        raise _fail("batch.id", "must be 32 hex digits")
+    _count(batch["size"], "batch.size")
+    _count(batch["row"], "batch.row")
+    if not batch["row"] < batch["size"]:
+        raise _fail("batch.row", "must be less than batch.size")
+    timings = body["timings_ms"]
+    if not isinstance(timings, Mapping) or not all(
+            isinstance(k, str) and _number(v) and v >= 0 for k, v in timings.items()):
+        raise _fail("timings_ms", "must map phase names to non-negative numbers")
+    sample = body["gpu_sample"]
+    if sample is not None and not (isinstance(sample, Mapping) and all(
+            isinstance(k, str) and (v is None or _number(v)) for k, v in sample.items())):
+        raise _fail("gpu_sample", "must be null or map names to numbers (or null)")
+    if "stream" in body:
+        stream = body["stream"]
+        if (not isinstance(stream, Mapping) or set(stream) != {"start_record_id"}
+                or not isinstance(stream["start_record_id"], str)
+                or not stream["start_record_id"]):
+            raise _fail("stream", "must hold exactly a non-empty start_record_id")
+
+
+def _validate_environment_ref(ref: Any) -> None:
+    if not isinstance(ref, Mapping) or set(ref) != {"leaf_index", "leaf_hash"}:
+        raise _fail("environment", "must hold exactly leaf_index and leaf_hash")
+    _count(ref["leaf_index"], "environment.leaf_index")
+    if not isinstance(ref["leaf_hash"], str) or not _HEX64.match(ref["leaf_hash"]):
+        raise _fail("environment.leaf_hash", "must be 64 hex digits")
+
+
+def _validate_data(data: Any) -> None:
+    if not isinstance(data, Mapping) or set(data) != DATA_KEYS:
+        raise _fail("data", f"must hold exactly {sorted(DATA_KEYS)}")
+    _count(data["input_token_count"], "data.input_token_count")
+    _count(data["output_token_count"], "data.output_token_count")
+    if type(data["truncated"]) is not bool:
+        raise _fail("data.truncated", "must be a boolean")
+    if data["finish_reason"] not in FINISH_REASONS:
+        raise _fail("data.finish_reason", f"must be one of {sorted(FINISH_REASONS)}")
+    shape = data["shape"]
+    if not isinstance(shape, Sequence) or len(shape) != 2:
+        raise _fail("data.shape", "must be [rows, padded_length]")
+    _count(shape[0], "data.shape[0]")
+    _count(shape[1], "data.shape[1]")
+    padding = data["padding"]
+    if not isinstance(padding, Mapping) or set(padding) != {"side", "count"}:
+        raise _fail("data.padding", "must hold exactly side and count")
+    if padding["side"] not in PADDING_SIDES:
+        raise _fail("data.padding.side", "must be 'left' or 'right'")
+    _count(padding["count"], "data.padding.count")
+    if data["input_token_count"] + padding["count"] != shape[1]:
+        raise _fail("data.padding.count", "input tokens and padding must fill the row")
+    generation = data["generation"]
+    if not isinstance(generation, Mapping) or not all(
+            isinstance(k, str) and (v is None or type(v) is bool or _number(v))
+            for k, v in generation.items()):
+        raise _fail("data.generation", "must map parameter names to numbers, booleans "
+                    "or null")

@@ -892,6 +892,12 @@ def openapi_document(limits: Limits | None = None, model: str | None = None
         if route.response is not None:
             success = {"description": "success",
                        "content": {"application/json": {"schema": route.response}}}
+            if route.openai and route.body is not None:  # stream: true
+                success["content"]["text/event-stream"] = {"schema": {
+                    "type": "object", "required": ["data"],
+                    "properties": {"data": {"type": "string"}},
+                    "description": "each server-sent event: a JSON chunk on its data "
+                    "line (the last chunk carries the receipt), then [DONE]"}}
         else:
             success = {"description": "Prometheus text exposition",
                        "content": {"text/plain": {"schema": {"type": "string"}}}}

@@ -8,12 +8,13 @@ checkpoint, the ledger commits what is queued and closes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +24,7 @@ from prometheus_client import Gauge
 
 from inference_wrapper.audit.batcher import Batcher
 from inference_wrapper.audit.generator import AuditedGenerator
+from inference_wrapper.engine.supervised import SupervisedEngine
 from inference_wrapper.server import logging_setup
 from inference_wrapper.server.appkeys import (
     ANCHOR_WORKER,
@@ -274,6 +276,31 @@ async def anchor_context(app: web.Application) -> AsyncIterator[None]:
         log.warning("could not anchor the last checkpoint at shutdown; it stays pending")
 
 
+async def engine_context(app: web.Application) -> AsyncIterator[None]:
+    """Start the engine processes (each loads and verifies its model) before serving;
+    close them once the batcher has drained. In-process engines need neither."""
+    generator = app[GENERATOR]
+    supervised = [e for e in generator.engines if isinstance(e, SupervisedEngine)]
+    try:
+        for engine in supervised:
+            engine.on_environment = functools.partial(_engine_environment, generator)
+            if not engine.alive():
+                await engine.start()
+        yield
+    finally:
+        for engine in supervised:
+            await engine.close()
+
+
+def _engine_environment(generator: AuditedGenerator, environment: Mapping[str, Any]) -> None:
+    """An engine (re)started: refuse another model or contract; its records name the
+    environment it reports from now on."""
+    generator.check_environment(environment)
+    log.info("engine %s environment: %s on %s", environment["engine"],
+             environment["model"]["name"], environment["hardware"].get("accelerator_model")
+             or environment["hardware"].get("cpu_model"))
+
+
 async def batcher_context(app: web.Application) -> AsyncIterator[None]:
     from inference_wrapper.server.content import retain_hook
 
@@ -348,7 +375,7 @@ def create_app(settings: Settings, generator: AuditedGenerator, *,
     app[METRICS].in_flight.set_function(lambda: float(lifecycle.in_flight))
     app.on_shutdown.append(mark_shutting_down)
     app.cleanup_ctx.extend([ledger_context, vault_context, receipts_context, integrator_context,
-                            anchor_context, witness_context, batcher_context,
+                            anchor_context, witness_context, engine_context, batcher_context,
                             supervisor_context, slo_context])
     app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])
     from inference_wrapper.server.tiles import tile_routes

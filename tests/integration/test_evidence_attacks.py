@@ -477,3 +477,16 @@ def test_cross_origin_redirect_never_carries_the_api_key_to_a_tiles_reader(
     with pytest.raises(CrossOriginRedirectError):
         HttpTiles(redirector + "/tlog", api_key="alk_secret_key").get("checkpoint")
     assert _Redirector.seen and _Collector.seen == []
+
+
+def test_witness_refuses_a_root_with_non_zero_padding_bits_even_when_signed() -> None:
+    from ledger.witness_policy import AddCheckpoint, WitnessRefusal, decide
+
+    log = SimLog().append(3)
+    body = Checkpoint(ORIGIN, 3, log.tree.root()).body().decode().split("\n")
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    body[2] = body[2][:-2] + alphabet[alphabet.index(body[2][-2]) | 1] + "="
+    note = log.signer.sign("\n".join(body).encode())
+    with pytest.raises(WitnessRefusal) as refused:
+        decide(AddCheckpoint(0, (), note), {ORIGIN: [log.signer.verifier()]}, None)
+    assert refused.value.status == 400 and "canonical base64" in refused.value.reason

@@ -55,6 +55,7 @@ from inference_wrapper.server.console_plots import (
 )
 from inference_wrapper.server.routes import readable_tenant
 from inference_wrapper.server.validation import MAX_QUERY_INT
+from ledger.client.bundle_stream import bundle_chunks, count_matching
 from ledger.client.database import DatabaseSource
 from ledger.client.sources import RecordNotFoundError, gather
 from ledger.errors import BackendError, InvalidInputError
@@ -68,6 +69,7 @@ CONSOLE_ROLES = ("auditor", "admin")
 PAGE_LIMIT_MAX = 500
 CSV_PAGE = 1000
 PLOT_MAX_RECORDS = 50_000
+BUNDLE_MAX_RECORDS = 100_000  # about 150 MB of JSON; larger exports: `audit-ledger export`
 FILTER_LABELS = {"tenant": "tenant", "model_digest": "model digest",
                  "accelerator_model": "accelerator", "driver_version": "driver",
                  "service_revision": "service revision"}
@@ -398,12 +400,11 @@ async def export_csv(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def export_bundle(request: web.Request) -> web.Response:
-    """The matching records as an offline evidence bundle (``audit-ledger verify --bundle``).
-
-    The bundle names no log key: whoever checks it pins their own."""
-    from ledger.client.exporter import export_from_db
-
+async def export_bundle(request: web.Request) -> web.StreamResponse:
+    """The matching records as an offline evidence bundle (``audit-ledger verify --bundle``),
+    streamed a page at a time (bounded memory); more than ``BUNDLE_MAX_RECORDS`` is
+    refused before anything is written (422: narrow the range, or use ``audit-ledger
+    export``). The bundle names no log key: whoever checks it pins their own."""
     session = await current_session(request)
     if session is None:
         return _to_login()
@@ -412,15 +413,31 @@ async def export_bundle(request: web.Request) -> web.Response:
     except BadField as exc:
         return search_error(exc, session)
     ledger = request.app[LEDGER]
-    await asyncio.to_thread(request.app[INTEGRATOR].seal_now)  # cover the newest records
     filters = {k: v for k, v in search.filters.items() if v is not None}
+    matching = await asyncio.to_thread(count_matching, ledger, search.since, search.until,
+                                       filters)
+    if matching > BUNDLE_MAX_RECORDS:
+        return error_page(422, "Too many records for one bundle",
+                          f"this search matches {matching} records; a bundle from the console "
+                          f"holds at most {BUNDLE_MAX_RECORDS}: narrow the time range, or "
+                          "use `audit-ledger export`", session, field="until")
+    await asyncio.to_thread(request.app[INTEGRATOR].seal_now)  # cover the newest records
+    chunks = bundle_chunks(ledger, search.since, search.until, filters)
     try:
-        bundle = await asyncio.to_thread(export_from_db, ledger.url, search.since,
-                                         search.until, filters)
-    except BackendError as exc:
-        return error_page(503, "Service Unavailable", str(exc), session)
-    return web.Response(text=bundle.dumps(), content_type="application/json", headers={
+        first = await asyncio.to_thread(next, chunks)
+    except BackendError:
+        return error_page(503, "Service Unavailable", "the log has no checkpoint yet; "
+                          "try again in a moment", session)
+    response = web.StreamResponse(headers={
+        "Content-Type": "application/json",
         "Content-Disposition": 'attachment; filename="audit-bundle.json"', **SECURITY_HEADERS})
+    await response.prepare(request)
+    chunk: str | None = first
+    while chunk is not None:
+        await response.write(chunk.encode())
+        chunk = await asyncio.to_thread(next, chunks, None)
+    await response.write_eof()
+    return response
 
 
 # --- the record page -------------------------------------------------------------------

@@ -363,3 +363,15 @@ async def test_a_forged_huge_cursor_is_a_clear_400_not_a_500(console: Console) -
         response = await console.client.get(f"{path}?cursor={forged}")
         assert response.status == 400
         assert 'data-field="cursor"' in await response.text()
+
+
+async def test_a_bundle_over_the_cap_is_refused_before_anything_is_written(
+        console: Console, monkeypatch: Any) -> None:
+    monkeypatch.setattr(console_module, "BUNDLE_MAX_RECORDS", 4)
+    await sign_in(console.client, console.tokens["auditor"])
+    refused = await console.client.get("/console/records.bundle")
+    assert refused.status == 422
+    text = await refused.text()
+    assert "this search matches 8 records" in text and 'data-field="until"' in text
+    narrowed = await console.client.get("/console/records.bundle?tenant=bank-b")
+    assert narrowed.status == 200  # 3 records: under the cap

@@ -37,9 +37,11 @@ def run(args: argparse.Namespace) -> int:
         log_size, _ = ledger.tree_head()
         # Every typed column travels with the row: audit_range recomputes each one.
         rows = (MirrorRow(r.leaf_index, r.record_id, r.created_at, r.canonical,
-                          dict(r.columns, tenant=r.tenant))
+                          dict(r.columns, tenant=r.tenant,
+                               environment_index=r.environment_index), r.body)
                 for r in ledger.iter_records())
-        report = audit_range(rows, checkpoint, since, until, log_size=log_size)
+        report = audit_range(rows, checkpoint, since, until, log_size=log_size,
+                             environments=ledger.environments())
     if args.json:
         print_json({"complete": report.ok, "checkpoint_size": report.checkpoint_size,
                     "records_in_range": report.in_range, "not_yet_covered": report.uncovered,

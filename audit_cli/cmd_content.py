@@ -25,11 +25,9 @@ from typing import Any
 from audit_cli.cmd_retention import add_vault_options, opened, operator_name
 from audit_cli.options import print_json
 from ledger.content_records import check_purpose
-from ledger.digest import commitment_matches
 from ledger.errors import BackendError, BackendUnavailableError, InvalidInputError
-from ledger.record import AuditRecord
 from ledger.vault_errors import ContentErasedError, ContentNotRetainedError
-from ledger.verify import CHECK_NAMES
+from ledger.verify import CHECK_NAMES, opens_commitment
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -76,7 +74,9 @@ def _read(args: argparse.Namespace, purpose: str) -> tuple[dict[str, Any], bytes
         quoted = urllib.parse.quote(args.record_id, safe="")
         answer = _http(args, f"/v1/records/{quoted}/content", purpose=purpose)
         record = _http(args, f"/v1/records/{quoted}")
-        return answer, base64.b64decode(record["canonical_base64"])
+        # A v2 record's commitments are in its body; a v1 record's bytes are the record.
+        return answer, base64.b64decode(record.get("body_base64")
+                                        or record["canonical_base64"])
     from ledger.store.vault import Accessor
 
     with opened(args, ledger=True) as (vault, journal):
@@ -91,7 +91,7 @@ def _read(args: argparse.Namespace, purpose: str) -> tuple[dict[str, Any], bytes
             "prompt": content.prompt, "output": content.output,
             "input_salt": content.input_salt.hex(), "output_salt": content.output_salt.hex(),
             "access_record_id": result.access_record_id,
-            "access_leaf_index": result.access_leaf_index}, row.canonical
+            "access_leaf_index": result.access_leaf_index}, row.leaf_body
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,11 +100,13 @@ def run(args: argparse.Namespace) -> int:
     purpose = check_purpose(args.purpose)
     answer, canonical = _read(args, purpose)
     # Check 5 (ledger.verify): the decrypted texts and salts open the record's commitments.
-    data = AuditRecord.from_canonical(canonical).body.get("data", {})
-    opened_prompt = commitment_matches(str(data.get("input_commitment", "")),
-                                       bytes.fromhex(answer["input_salt"]), answer["prompt"])
-    opened_output = commitment_matches(str(data.get("output_commitment", "")),
-                                       bytes.fromhex(answer["output_salt"]), answer["output"])
+    body = json.loads(canonical)
+    opened_prompt = opens_commitment(body, "input_commitment",
+                                     bytes.fromhex(answer["input_salt"]),
+                                     answer["prompt"].encode("utf-8"))
+    opened_output = opens_commitment(body, "output_commitment",
+                                     bytes.fromhex(answer["output_salt"]),
+                                     answer["output"].encode("utf-8"))
     ok = opened_prompt and opened_output
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

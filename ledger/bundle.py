@@ -13,9 +13,16 @@ Format ``audit-ledger-bundle/v2`` (all hashes hex, record bytes base64)::
       "consistency_from": {"<earlier size>": ["<hex>", ...], ...},
       "entries": [
         {"record_id": "...", "leaf_index": 7, "canonical": "<base64 of the exact bytes>",
-         "inclusion_proof": ["<hex>", ...]}
-      ]
+         "inclusion_proof": ["<hex>", ...],
+         "body": "<base64>", "environment_index": 3}    (v2 leaves only)
+      ],
+      "environments": {"3": {"envelope": "<base64>", "body": "<base64>",
+                             "inclusion_proof": ["<hex>", ...]}}   (when any)
     }
+
+A v2 leaf's ``canonical`` is its envelope and ``body`` its body (decision 0026); each
+environment leaf a v2 record names is carried once, under ``environments``, with its own
+inclusion proof to the bundle's checkpoint.
 
 ``anchor.consistency`` links the bundle's checkpoint and the anchored one (smaller size
 first). ``consistency_from`` holds, for each earlier checkpoint size the log published
@@ -36,7 +43,7 @@ from typing import Any
 
 from ledger.checkpoint import Checkpoint
 from ledger.errors import InvalidInputError, LedgerError
-from ledger.verify import Evidence
+from ledger.verify import Evidence, LeafEvidence
 
 BUNDLE_FORMAT = "audit-ledger-bundle/v2"
 READABLE_FORMATS = ("audit-ledger-bundle/v1", BUNDLE_FORMAT)
@@ -48,6 +55,8 @@ class BundleEntry:
     leaf_index: int
     canonical: bytes
     inclusion_proof: Sequence[bytes]
+    body: bytes | None = None  # a v2 leaf's body
+    environment_index: int | None = None  # the environment leaf a v2 record names
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,8 @@ class Bundle:
     anchor_consistency: Sequence[bytes] = ()
     # Earlier checkpoint size -> consistency proof from it to this bundle's checkpoint.
     consistency_from: Mapping[int, Sequence[bytes]] = field(default_factory=dict)
+    # The environment leaves the v2 entries name, each once, by leaf index.
+    environments: Mapping[int, LeafEvidence] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -81,10 +92,13 @@ class Bundle:
                 "consistency": [h.hex() for h in self.anchor_consistency]},
             "consistency_from": {str(size): [h.hex() for h in proof]
                                  for size, proof in sorted(self.consistency_from.items())},
-            "entries": [{"record_id": e.record_id, "leaf_index": e.leaf_index,
-                         "canonical": base64.b64encode(e.canonical).decode(),
-                         "inclusion_proof": [h.hex() for h in e.inclusion_proof]}
-                        for e in self.entries],
+            "entries": [_entry_json(e) for e in self.entries],
+            **({"environments": {str(index): {
+                "envelope": base64.b64encode(leaf.envelope).decode(),
+                "body": base64.b64encode(leaf.body).decode(),
+                "inclusion_proof": [h.hex() for h in leaf.inclusion_proof]}
+                for index, leaf in sorted(self.environments.items())}}
+               if self.environments else {}),
         }
 
     def dumps(self) -> str:
@@ -102,8 +116,17 @@ class Bundle:
                 checkpoint=str(data["checkpoint"]).encode(),
                 entries=[BundleEntry(str(e["record_id"]), int(e["leaf_index"]),
                                      base64.b64decode(e["canonical"], validate=True),
-                                     [bytes.fromhex(h) for h in e["inclusion_proof"]])
+                                     [bytes.fromhex(h) for h in e["inclusion_proof"]],
+                                     base64.b64decode(e["body"], validate=True)
+                                     if "body" in e else None,
+                                     int(e["environment_index"])
+                                     if e.get("environment_index") is not None else None)
                          for e in data["entries"]],
+                environments={int(index): LeafEvidence(
+                    int(index), base64.b64decode(leaf["envelope"], validate=True),
+                    base64.b64decode(leaf["body"], validate=True),
+                    [bytes.fromhex(h) for h in leaf["inclusion_proof"]])
+                    for index, leaf in data.get("environments", {}).items()},
                 anchored=str(anchor["checkpoint"]).encode() if anchor else None,
                 anchor_ref=str(anchor["ref"]) if anchor else None,
                 anchor_consistency=[bytes.fromhex(h) for h in anchor["consistency"]]
@@ -133,5 +156,17 @@ class Bundle:
                 leaf_index=entry.leaf_index, inclusion_proof=entry.inclusion_proof,
                 checkpoint_note=self.checkpoint, anchored_note=self.anchored,
                 anchor_ref=self.anchor_ref, anchor_consistency=self.anchor_consistency,
-                seen_consistency=seen_consistency,
+                seen_consistency=seen_consistency, body=entry.body,
+                environment=None if entry.environment_index is None
+                else self.environments.get(entry.environment_index),
             )
+
+
+def _entry_json(entry: BundleEntry) -> dict[str, Any]:
+    result: dict[str, Any] = {"record_id": entry.record_id, "leaf_index": entry.leaf_index,
+                              "canonical": base64.b64encode(entry.canonical).decode(),
+                              "inclusion_proof": [h.hex() for h in entry.inclusion_proof]}
+    if entry.body is not None:
+        result["body"] = base64.b64encode(entry.body).decode()
+        result["environment_index"] = entry.environment_index
+    return result

@@ -32,6 +32,7 @@ from inference_wrapper.audit.generator import (
     AuditedGenerator,
     AuditedOutput,
     BatchResult,
+    LogBinding,
     PreparedRequest,
 )
 from ledger.errors import LedgerError, WorkerDiedError
@@ -133,6 +134,8 @@ class Batcher:
         self.retain = retain
         self.retain_needed = retain_needed
         self.journal = journal
+        # The log the records go to (v2 records name its environment leaf); None: v1.
+        self.log: LogBinding | None = None
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
         self.queue_limit = queue_limit
@@ -304,7 +307,8 @@ class Batcher:
     async def _audit(self, batch: list[_Job], result: BatchResult) -> None:
         loop = asyncio.get_running_loop()
         try:
-            outputs = await loop.run_in_executor(self._audit_thread, self.generator.seal, result)
+            outputs = await loop.run_in_executor(self._audit_thread, self.generator.seal, result,
+                                                 self.log)
             start, start_ns = time.perf_counter(), time.time_ns()
             receipts = await self.journal.append_many_async([o.record for o in outputs])
             self._observe("append", time.perf_counter() - start)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,10 @@ from inference_wrapper.engine.model import LoadedModel
 from inference_wrapper.engine.params import MAX_SEED, GenerationParams, Limits, validate_prompt
 from ledger.canonical import Canonical, json_number
 from ledger.digest import commit_text, new_salt
+from ledger.leaves.commitments import row_commitments
+from ledger.leaves.envelope import Leaf
+from ledger.leaves.environment import build_environment
+from ledger.leaves.record_v2 import EnvironmentRef, build_record_v2, row_data
 from ledger.record import (
     AuditRecord,
     RecordFamily,
@@ -56,11 +60,17 @@ class PreparedRequest:
 @dataclass(frozen=True)
 class AuditedOutput:
     text: str
-    record: AuditRecord
+    record: AuditRecord | Leaf  # an audit-record/v2 leaf once the generator is bound to a log
     input_salt: bytes
     output_salt: bytes
     output_token_ids: list[int]
     user_salt: bytes | None = None  # opens the record's user_commitment, when there is one
+
+    @property
+    def record_content(self) -> Mapping[str, Any]:
+        """The record's members (a v2 leaf's body, a v1 record itself); both have
+        ``data`` with the token counts, finish reason and generation parameters."""
+        return self.record.content if isinstance(self.record, Leaf) else self.record.body
 
 
 @dataclass
@@ -77,6 +87,15 @@ class BatchResult:
     truncated: list[bool]
     timings_ms: dict[str, float]
     spans_ns: dict[str, tuple[int, int]] = field(default_factory=dict)  # wall clock
+
+
+@dataclass(frozen=True)
+class LogBinding:
+    """The log records go to: its origin (tenant tags) and the environment leaf of this
+    engine it already holds (``AuditedGenerator.environment_leaf``, appended)."""
+
+    origin: str
+    environment: EnvironmentRef
 
 
 def _now_ms() -> float:
@@ -224,6 +243,17 @@ class AuditedGenerator:
         )
         self._sections = {"model": self._model, "hardware": self._hardware,
                           "software": self._software}
+        self.engine_id = "engine-0"
+
+    # --- the log ----------------------------------------------------------------------
+
+    def environment_leaf(self) -> Leaf:
+        """This engine's ``environment/v1`` leaf, to append before its first record."""
+        return build_environment(
+            engine=self.engine_id, model=self._model.value, hardware=self._hardware.value,
+            software=self.software.to_dict(), tokenization_contract=self.contract.to_dict(),
+            generation_config_digest=self.loaded.generation_config_digest)
+
 
     # --- the steps ------------------------------------------------------------------
 
@@ -343,8 +373,50 @@ class AuditedGenerator:
             spans_ns=spans,
         )
 
-    def seal(self, batch: BatchResult) -> list[AuditedOutput]:
-        """Turn a batch's results into one record per request.
+    def seal(self, batch: BatchResult, log: LogBinding | None = None) -> list[AuditedOutput]:
+        """Turn a batch's results into one record per request: ``audit-record/v2`` leaves
+        for the log ``log`` names (decision 0026), v1 records without one."""
+        if log is not None:
+            return self._seal_v2(batch, log.origin, log.environment)
+        return self._seal_v1(batch)
+
+    def _seal_v2(self, batch: BatchResult, origin: str,
+                 environment: EnvironmentRef) -> list[AuditedOutput]:
+        rows = len(batch.requests)
+        padded_length = len(batch.input_ids[0])
+        batch_id = uuid.uuid4().hex  # lets an auditor regroup the records of one generate
+        created_at = utc_timestamp()  # the records of one batch are sealed together
+        generation = batch.params.to_dict()
+        side = self.contract.padding_side
+        results = []
+        for row, request in enumerate(batch.requests):
+            mask, ids = batch.attention_mask[row], batch.input_ids[row]
+            real = [token for token, kept in zip(ids, mask, strict=True) if kept]
+            text, output_ids = batch.texts[row], batch.output_ids[row]
+            leaf = build_record_v2(
+                origin=origin, tenant=request.tenant, engine=self.engine_id,
+                environment=environment, created_at=created_at,
+                commitments=row_commitments(
+                    input_salt=request.input_salt, output_salt=request.output_salt,
+                    prompt=request.prompt, input_ids=real, output=text,
+                    output_ids=output_ids, stop=request.stop, user=request.user,
+                    user_salt=request.user_salt),
+                data=row_data(
+                    input_token_count=len(real), output_token_count=len(output_ids),
+                    truncated=batch.truncated[row], finish_reason=batch.finish_reasons[row],
+                    rows=rows, padded_length=padded_length, padding_side=side,
+                    padding_count=padded_length - len(real), generation=generation),
+                batch={"id": batch_id, "size": rows, "row": row},
+                timings_ms={**batch.timings_ms, "parse": request.parse_ms},
+                stream_start_record_id=request.stream_start_id)
+            results.append(AuditedOutput(text, leaf, request.input_salt, request.output_salt,
+                                         output_ids,
+                                         request.user_salt if request.user is not None
+                                         else None))
+        return results
+
+    def _seal_v1(self, batch: BatchResult) -> list[AuditedOutput]:
+        """``audit-record/v1`` records (a generator not bound to a log).
 
         The rows' records share every leaf but those in ``ROW_LEAVES`` (and the optional
         ones), so they are canonicalized through one layout (``RecordFamily``) instead

@@ -22,7 +22,7 @@ from aiohttp import web
 from prometheus_client import Gauge
 
 from inference_wrapper.audit.batcher import Batcher
-from inference_wrapper.audit.generator import AuditedGenerator
+from inference_wrapper.audit.generator import AuditedGenerator, LogBinding
 from inference_wrapper.server import logging_setup
 from inference_wrapper.server.appkeys import (
     ANCHOR_WORKER,
@@ -55,6 +55,7 @@ from ledger.anchor.local import LocalAnchor
 from ledger.anchor.worker import AnchorWorker
 from ledger.checkpoint import NoteSigner
 from ledger.errors import LedgerError, WorkerDiedError
+from ledger.leaves.record_v2 import EnvironmentRef
 from ledger.store.apikeys import ApiKeyStore
 from ledger.store.integrator import Integrator
 from ledger.store.keys import LogIdentity, open_log_identity
@@ -258,10 +259,16 @@ async def batcher_context(app: web.Application) -> AsyncIterator[None]:
 
     settings = app[SETTINGS]
     metrics = app[METRICS]
+    # This engine's environment leaf goes into the log before its first record; records
+    # name it (decision 0026).
+    environment = app[GENERATOR].environment_leaf()
+    receipt = await app[LEDGER].append_async(environment)
     batcher = Batcher(app[GENERATOR], app[LEDGER], max_batch=settings.max_batch,
                       max_wait_ms=settings.max_wait_ms, queue_limit=settings.queue_limit,
                       observe=metrics.observe, retain=retain_hook(app[VAULT]),
                       retain_needed=app[VAULT].may_keep_content)
+    batcher.log = LogBinding(settings.origin,
+                             EnvironmentRef(receipt.leaf_index, environment.leaf_hash))
     batcher.start()
     app[BATCHER] = batcher
     ledger = app[LEDGER]

@@ -1,0 +1,43 @@
+"""Record v2: a v2 leaf's body beside its envelope, the environment it ran under, and the
+environments' filter columns (decision record 0026).
+
+Revision ID: 0011
+Revises: 0010
+Create Date: 2026-12-02
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0011"
+down_revision = "0010"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    # v1 rows keep NULL in both: their canonical bytes are the record itself.
+    op.add_column("records", sa.Column("body", sa.LargeBinary(), nullable=True))
+    op.add_column("records", sa.Column("environment_index", sa.BigInteger(), nullable=True))
+    op.create_index("ix_records_environment_index", "records", ["environment_index"])
+    op.create_table(
+        "environments",
+        sa.Column("leaf_index", sa.BigInteger(), autoincrement=False, nullable=False),
+        sa.Column("model_name", sa.String(256)),
+        sa.Column("model_digest", sa.String(80)),
+        sa.Column("accelerator", sa.String(16)),
+        sa.Column("accelerator_model", sa.String(128)),
+        sa.Column("driver_version", sa.String(64)),
+        sa.Column("torch_version", sa.String(64)),
+        sa.Column("torch_commit", sa.String(64)),
+        sa.Column("service_revision", sa.String(64)),
+        sa.PrimaryKeyConstraint("leaf_index"),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("environments")
+    with op.batch_alter_table("records") as batch:
+        batch.drop_index("ix_records_environment_index")
+        batch.drop_column("environment_index")
+        batch.drop_column("body")

@@ -62,6 +62,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replay", action="store_true",
                         help="re-run the model named by the record and compare (needs torch)")
     parser.add_argument("--model-dir", type=Path, help="model directory for --replay")
+    parser.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                        help="--replay of a v2 record: the request's stop strings, in order "
+                        "(the record holds them only as a commitment)")
     parser.add_argument("--model-manifest", type=Path)
     trust = parser.add_argument_group(
         "who vouches for the checkpoint (check 4): a Fabric anchor, witnesses, or, "
@@ -176,7 +179,8 @@ def _replay_check(verdict: Verdict, args: argparse.Namespace, prompt: bytes | No
         result = replay_v2(verdict.record, verdict.environment, text,
                            input_salt=_salt(args.input_salt, "--input-salt"),
                            output_salt=_salt(args.output_salt, "--output-salt"),
-                           model_dir=args.model_dir, manifest_path=args.model_manifest)
+                           stop=tuple(args.stop), model_dir=args.model_dir,
+                           manifest_path=args.model_manifest)
     else:
         result = replay(verdict.record, text, model_dir=args.model_dir,
                         manifest_path=args.model_manifest)

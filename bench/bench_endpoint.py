@@ -64,7 +64,7 @@ def serve_bare(port: int, model_dir: str, manifest: str) -> None:
         def __getattr__(self, name: str) -> Any:
             return getattr(generator, name)
 
-        def seal(self, batch: Any) -> list[Any]:
+        def seal(self, batch: Any, log: Any = None) -> list[Any]:
             return [type("Out", (), {"text": t, "record": None})() for t in batch.texts]
 
     class NoJournal:

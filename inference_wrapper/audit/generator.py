@@ -28,7 +28,7 @@ from ledger.digest import commit_text, new_salt
 from ledger.leaves.commitments import row_commitments
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.environment import build_environment
-from ledger.leaves.record_v2 import EnvironmentRef, build_record_v2, row_data
+from ledger.leaves.record_v2 import EnvironmentRef, RowFacts, build_records_v2
 from ledger.record import (
     AuditRecord,
     RecordFamily,
@@ -382,38 +382,31 @@ class AuditedGenerator:
 
     def _seal_v2(self, batch: BatchResult, origin: str,
                  environment: EnvironmentRef) -> list[AuditedOutput]:
-        rows = len(batch.requests)
         padded_length = len(batch.input_ids[0])
-        batch_id = uuid.uuid4().hex  # lets an auditor regroup the records of one generate
-        created_at = utc_timestamp()  # the records of one batch are sealed together
-        generation = batch.params.to_dict()
-        side = self.contract.padding_side
-        results = []
+        rows = []
         for row, request in enumerate(batch.requests):
             mask, ids = batch.attention_mask[row], batch.input_ids[row]
             real = [token for token, kept in zip(ids, mask, strict=True) if kept]
-            text, output_ids = batch.texts[row], batch.output_ids[row]
-            leaf = build_record_v2(
-                origin=origin, tenant=request.tenant, engine=self.engine_id,
-                environment=environment, created_at=created_at,
+            rows.append(RowFacts(
+                tenant=request.tenant,
                 commitments=row_commitments(
                     input_salt=request.input_salt, output_salt=request.output_salt,
-                    prompt=request.prompt, input_ids=real, output=text,
-                    output_ids=output_ids, stop=request.stop, user=request.user,
+                    prompt=request.prompt, input_ids=real, output=batch.texts[row],
+                    output_ids=batch.output_ids[row], stop=request.stop, user=request.user,
                     user_salt=request.user_salt),
-                data=row_data(
-                    input_token_count=len(real), output_token_count=len(output_ids),
-                    truncated=batch.truncated[row], finish_reason=batch.finish_reasons[row],
-                    rows=rows, padded_length=padded_length, padding_side=side,
-                    padding_count=padded_length - len(real), generation=generation),
-                batch={"id": batch_id, "size": rows, "row": row},
-                timings_ms={**batch.timings_ms, "parse": request.parse_ms},
-                stream_start_record_id=request.stream_start_id)
-            results.append(AuditedOutput(text, leaf, request.input_salt, request.output_salt,
-                                         output_ids,
-                                         request.user_salt if request.user is not None
-                                         else None))
-        return results
+                input_token_count=len(real), output_token_count=len(batch.output_ids[row]),
+                truncated=batch.truncated[row], finish_reason=batch.finish_reasons[row],
+                padding_count=padded_length - len(real), parse_ms=request.parse_ms,
+                stream_start_record_id=request.stream_start_id))
+        leaves = build_records_v2(
+            origin=origin, engine=self.engine_id, environment=environment,
+            batch_id=uuid.uuid4().hex,  # lets an auditor regroup the records of one generate
+            padded_length=padded_length, padding_side=self.contract.padding_side,
+            generation=batch.params.to_dict(), timings_ms=batch.timings_ms, rows=rows)
+        return [AuditedOutput(batch.texts[row], leaf, request.input_salt, request.output_salt,
+                              batch.output_ids[row],
+                              request.user_salt if request.user is not None else None)
+                for row, (request, leaf) in enumerate(zip(batch.requests, leaves, strict=True))]
 
     def _seal_v1(self, batch: BatchResult) -> list[AuditedOutput]:
         """``audit-record/v1`` records (a generator not bound to a log).

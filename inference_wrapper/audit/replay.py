@@ -113,25 +113,32 @@ def replay(record: dict[str, Any], prompt: str, *, model_dir: Path | None = None
 
 def replay_v2(record: dict[str, Any], environment: dict[str, Any], prompt: str, *,
               input_salt: bytes | None, output_salt: bytes | None,
-              model_dir: Path | None = None, manifest_path: Path | None = None,
-              device: str | None = None) -> ReplayResult:
+              stop: tuple[str, ...] = (), model_dir: Path | None = None,
+              manifest_path: Path | None = None, device: str | None = None) -> ReplayResult:
     """Replay an ``audit-record/v2`` under its environment leaf (already checked).
 
-    A v2 record holds its token ids only as commitments, so the caller's salts are
-    needed to compare: the output salt opens ``output_ids``, the input salt ``input_ids``.
+    A v2 record holds its token ids and stop strings only as commitments, so the caller
+    gives them: the output salt opens ``output_ids``, the input salt ``input_ids`` and
+    ``stop`` (the request's stop strings, in order).
     """
     from inference_wrapper.audit.generator import AuditedGenerator
     from ledger.leaves import commitments
 
-    if output_salt is None:
-        raise InvalidInputError("--output-salt", "replaying a v2 record compares the "
-                                "output token ids through their commitment: give the salt")
-    if "stop" in record["commitments"]:
-        raise ReplayRefusedError("--replay", "the request had stop strings, which the "
-                                 "record holds only as a commitment")
     legacy = {"model": environment["model"],
               "software": {"tokenization_contract": environment["tokenization_contract"]}}
     loaded, contract = _load_for(legacy, model_dir, manifest_path, device)
+    if output_salt is None:
+        raise InvalidInputError("--output-salt", "replaying a v2 record compares the "
+                                "output token ids through their commitment: give the salt")
+    if "stop" in record["commitments"] and not (input_salt is not None and stop and
+                                                commitments.opens(
+            record["commitments"]["stop"], input_salt, commitments.STOP,
+            commitments.stop_bytes(stop))):
+        raise ReplayRefusedError("--stop", "the request had stop strings, which the record "
+                                 "holds only as a commitment: give them (--stop, in order) "
+                                 "with the input salt")
+    if stop and "stop" not in record["commitments"]:
+        raise ReplayRefusedError("--stop", "the recorded request had no stop strings")
     try:
         generator = AuditedGenerator(loaded, contract=contract)
     except ValueError as exc:
@@ -139,7 +146,7 @@ def replay_v2(record: dict[str, Any], environment: dict[str, Any], prompt: str, 
     data = record["data"]
     generation = {k: v for k, v in data["generation"].items() if k != "do_sample"}
     request = generator.prepare(prompt, GenerationParams(**generation),
-                                truncate=bool(data["truncated"]))
+                                truncate=bool(data["truncated"]), stop=stop)
     result = generator.run_batch([request], min_length=data["shape"][1])
     ids = commitments.token_ids_bytes(result.output_ids[0])
     replayed = commitments.commit(output_salt, commitments.OUTPUT_IDS, ids)

@@ -95,10 +95,12 @@ records = Table(
     Column("environment_index", BigInteger),
     Index("ix_records_created_at", "created_at"),
     Index("ix_records_tenant_created_at", "tenant", "created_at"),
-    Index("ix_records_model_digest", "model_digest"),
-    Index("ix_records_accelerator_model", "accelerator_model"),
-    Index("ix_records_driver_version", "driver_version"),
-    Index("ix_records_service_revision", "service_revision"),
+    # Only rows with a value (migration 0011): a v2 record's are NULL, its environment's
+    # are in ``environments``.
+    *(Index(f"ix_records_{column}", column, sqlite_where=text(f"{column} IS NOT NULL"),
+            postgresql_where=text(f"{column} IS NOT NULL"))
+      for column in ("model_digest", "accelerator_model", "driver_version",
+                     "service_revision")),
     Index("ix_records_checkpoint_size", "checkpoint_size"),
     Index("ix_records_environment_index", "environment_index"),
     # Rows still waiting for an anchor reference (migration 0004): recording an anchor

@@ -49,9 +49,11 @@ from ledger.errors import (
     BackendUnavailableError,
     DuplicateRecordError,
     InvalidInputError,
+    LedgerError,
     SequencerBusyError,
     WorkerDiedError,
 )
+from ledger.leaves.body_codec import pack_body, unpack_body
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.mirror import environment_row, leaf_columns
 from ledger.record import AuditRecord, mirror_columns
@@ -76,7 +78,7 @@ LogLeaf = AuditRecord | Leaf
 def row_columns(leaf: LogLeaf) -> dict[str, Any]:
     """A leaf's mirror row, but for its index (``created_at`` as RFC 3339 text)."""
     if isinstance(leaf, Leaf):
-        return {**leaf_columns(leaf), "canonical": leaf.envelope, "body": leaf.body}
+        return {**leaf_columns(leaf), "canonical": leaf.envelope, "body": pack_body(leaf.body)}
     return {**mirror_columns(leaf), "canonical": leaf.canonical, "body": None,
             "environment_index": None}
 
@@ -196,13 +198,25 @@ class RecordRow:
     canonical: bytes  # a v1 record's bytes, or a v2 leaf's envelope
     checkpoint_size: int | None
     anchor_ref: str | None
-    body: bytes | None = None  # a v2 leaf's body (None for v1)
+    stored_body: bytes | None = None  # a v2 leaf's body as stored (None for v1)
     environment_index: int | None = None  # the environment leaf of a v2 record
+
+    @property
+    def body(self) -> bytes | None:
+        """A v2 leaf's body (None for v1). Stored bytes that do not unpack are handed on as
+        they are: they then fail the envelope's digest (verify check 1, audit, fsck)."""
+        if self.stored_body is None:
+            return None
+        try:
+            return unpack_body(self.stored_body)
+        except LedgerError:
+            return self.stored_body
 
     @property
     def leaf_body(self) -> bytes:
         """The record as readers parse it: a v1 record's bytes, a v2 leaf's body."""
-        return self.canonical if self.body is None else self.body
+        body = self.body
+        return self.canonical if body is None else body
 
 
 def parse_timestamp(text: str) -> datetime:
@@ -968,7 +982,7 @@ def _record_row(row: Any) -> RecordRow:
         canonical=bytes(mapping.pop("canonical")),
         checkpoint_size=mapping.pop("checkpoint_size"),
         anchor_ref=mapping.pop("anchor_ref"),
-        body=None if (body := mapping.pop("body")) is None else bytes(body),
+        stored_body=None if (body := mapping.pop("body")) is None else bytes(body),
         environment_index=mapping.pop("environment_index"),
         columns=mapping,
     )

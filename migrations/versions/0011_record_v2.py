@@ -13,6 +13,7 @@ revision = "0011"
 down_revision = "0010"
 branch_labels = None
 depends_on = None
+FILTER_COLUMNS = ("model_digest", "accelerator_model", "driver_version", "service_revision")
 
 
 def upgrade() -> None:
@@ -20,6 +21,13 @@ def upgrade() -> None:
     op.add_column("records", sa.Column("body", sa.LargeBinary(), nullable=True))
     op.add_column("records", sa.Column("environment_index", sa.BigInteger(), nullable=True))
     op.create_index("ix_records_environment_index", "records", ["environment_index"])
+    # A v2 record's filter columns are NULL (its environment has them): index only the
+    # rows that have a value, so v2 rows cost these indexes nothing.
+    for column in FILTER_COLUMNS:
+        op.drop_index(f"ix_records_{column}", table_name="records")
+        op.create_index(f"ix_records_{column}", "records", [column],
+                        sqlite_where=sa.text(f"{column} IS NOT NULL"),
+                        postgresql_where=sa.text(f"{column} IS NOT NULL"))
     op.create_table(
         "environments",
         sa.Column("leaf_index", sa.BigInteger(), autoincrement=False, nullable=False),
@@ -36,6 +44,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    for column in FILTER_COLUMNS:
+        op.drop_index(f"ix_records_{column}", table_name="records")
+        op.create_index(f"ix_records_{column}", "records", [column])
     op.drop_table("environments")
     with op.batch_alter_table("records") as batch:
         batch.drop_index("ix_records_environment_index")

@@ -21,6 +21,7 @@ from sqlalchemy import text
 from audit_cli.main import main
 from ledger.anchor.local import LocalAnchor
 from ledger.checkpoint import NoteSigner
+from ledger.leaves.body_codec import pack_body
 from ledger.leaves.commitments import row_commitments
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.environment import build_environment
@@ -183,7 +184,7 @@ def test_a_changed_v2_body_fails_verify_audit_and_fsck(
     forged = leaf.body.replace(b'"input_token_count":2', b'"input_token_count":3')
     with SqlLedger(url) as ledger, ledger.engine.begin() as conn:
         conn.execute(text("UPDATE records SET body = :b WHERE record_id = :r"),
-                     {"b": forged, "r": leaf.record_id})
+                     {"b": pack_body(forged), "r": leaf.record_id})
     code, out = cli(capsys, "verify", leaf.record_id, "--db", url, *TRUST)
     assert code == 1 and out["failed_check"] == 1
     assert "LeafBindingError: the body hashes to" in out["checks"][0]["reason"]
@@ -212,7 +213,7 @@ def test_a_changed_environment_row_fails_audit_and_a_swapped_environment_fails_v
                                               "accelerator_model": "NVIDIA A100"}})
     with SqlLedger(url) as ledger, ledger.engine.begin() as conn:
         conn.execute(text("UPDATE records SET canonical = :c, body = :b WHERE leaf_index = 5"),
-                     {"c": other.envelope, "b": other.body})
+                     {"c": other.envelope, "b": pack_body(other.body)})
     code, out = cli(capsys, "verify", records[0][0].record_id, "--db", url, *TRUST)
     assert code == 1 and out["failed_check"] == 1
     assert "the environment leaf hashes to" in out["checks"][0]["reason"]

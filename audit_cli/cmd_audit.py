@@ -7,6 +7,7 @@ import argparse
 from audit_cli.evidence import add_key_option, pinned_verifier
 from audit_cli.filters import parse_time
 from audit_cli.options import print_json
+from audit_cli.remembered import Memory, add_state_options
 from ledger.errors import InvalidInputError
 
 
@@ -15,13 +16,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="since", required=True, help="RFC 3339, inclusive")
     parser.add_argument("--to", dest="until", required=True, help="RFC 3339, exclusive")
     add_key_option(parser)
+    add_state_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ledger.audit import MirrorRow, audit_range
+    from ledger.audit import AuditFinding, MirrorRow, audit_range
     from ledger.store.sql import SqlLedger
 
     verifier = pinned_verifier(args)
+    memory = Memory(args, verifier)
     since, until = parse_time(args.since, "--from"), parse_time(args.until, "--to")
     assert since is not None and until is not None
     if since.tzinfo is not None or until.tzinfo is not None:
@@ -42,6 +45,12 @@ def run(args: argparse.Namespace) -> int:
                 for r in ledger.iter_records())
         report = audit_range(rows, checkpoint, since, until, log_size=log_size,
                              environments=ledger.environments())
+        # A tail truncated or rewritten behind the checkpoint this auditor saw last.
+        divergence = memory.check(ledger)
+    if divergence is not None:
+        report.findings.insert(0, AuditFinding(divergence.kind, divergence.message))
+    elif report.ok:
+        memory.advance(latest.note)
     if args.json:
         print_json({"complete": report.ok, "checkpoint_size": report.checkpoint_size,
                     "records_in_range": report.in_range, "not_yet_covered": report.uncovered,

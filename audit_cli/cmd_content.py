@@ -14,18 +14,24 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import os
 import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from audit_cli.cmd_retention import add_vault_options, opened, operator_name
 from audit_cli.options import print_json
+from ledger.canonical import parse_strict
+from ledger.client import safe_http
+from ledger.client.sources import MalformedAnswerError
 from ledger.content_records import check_purpose
-from ledger.errors import BackendError, BackendUnavailableError, InvalidInputError
+from ledger.errors import (
+    BackendError,
+    BackendUnavailableError,
+    CanonicalFormError,
+    InvalidInputError,
+)
 from ledger.vault_errors import ContentErasedError, ContentNotRetainedError
 from ledger.verify import CHECK_NAMES, opens_commitment
 
@@ -43,15 +49,19 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def _http(args: argparse.Namespace, path: str, **query: str) -> dict[str, Any]:
     url = args.server.rstrip("/") + path + ("?" + urllib.parse.urlencode(query) if query else "")
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {args.api_key}",
-                                                   "Accept": "application/json"})
+    headers = {"Authorization": f"Bearer {args.api_key}", "Accept": "application/json"}
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return dict(json.loads(response.read()))
+        answer = parse_strict(safe_http.get(url, headers, timeout_s=60))
+        if not isinstance(answer, dict):
+            raise MalformedAnswerError(f"{path}: the server's answer is not a JSON object")
+        return answer
+    except CanonicalFormError as exc:
+        raise MalformedAnswerError(f"{path}: the server's answer is not JSON ({exc})") from exc
     except urllib.error.HTTPError as exc:
         try:
-            problem = json.loads(exc.read())
-        except ValueError:
+            problem = parse_strict(exc.read(64 * 1024))
+            problem = problem if isinstance(problem, dict) else {}
+        except CanonicalFormError:
             problem = {}
         detail = str(problem.get("detail", exc.reason))
         if exc.code == 410:
@@ -74,9 +84,18 @@ def _read(args: argparse.Namespace, purpose: str) -> tuple[dict[str, Any], bytes
         quoted = urllib.parse.quote(args.record_id, safe="")
         answer = _http(args, f"/v1/records/{quoted}/content", purpose=purpose)
         record = _http(args, f"/v1/records/{quoted}")
-        # A v2 record's commitments are in its body; a v1 record's bytes are the record.
-        return answer, base64.b64decode(record.get("body_base64")
-                                        or record["canonical_base64"])
+        try:
+            for name in ("record_id", "tenant", "prompt", "output", "input_salt",
+                         "output_salt", "access_record_id"):
+                if not isinstance(answer[name], str):
+                    raise TypeError(f"{name} is not a string")
+            bytes.fromhex(answer["input_salt"]) + bytes.fromhex(answer["output_salt"])
+            # A v2 record's commitments are in its body; a v1 record's bytes are it.
+            return answer, base64.b64decode(record.get("body_base64")
+                                            or record["canonical_base64"], validate=True)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MalformedAnswerError(f"the server's answer lacks a valid field "
+                                       f"({type(exc).__name__}: {exc})") from exc
     from ledger.store.vault import Accessor
 
     with opened(args, ledger=True) as (vault, journal):
@@ -100,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     purpose = check_purpose(args.purpose)
     answer, canonical = _read(args, purpose)
     # Check 5 (ledger.verify): the decrypted texts and salts open the record's commitments.
-    body = json.loads(canonical)
+    body = parse_strict(canonical)
     opened_prompt = opens_commitment(body, "input_commitment",
                                      bytes.fromhex(answer["input_salt"]),
                                      answer["prompt"].encode("utf-8"))

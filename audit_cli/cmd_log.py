@@ -9,6 +9,7 @@ from typing import Any
 from audit_cli.evidence import add_key_option, pinned_verifier
 from audit_cli.filters import progress_printer
 from audit_cli.options import print_json
+from audit_cli.remembered import Memory, add_state_options
 from ledger.checkpoint import Checkpoint, NoteVerifier
 from ledger.errors import (
     CheckpointFormatError,
@@ -21,6 +22,7 @@ from ledger.errors import (
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", help="ledger database URL (default: the service's)")
     add_key_option(parser)
+    add_state_options(parser)
     parser.add_argument("--key-file", type=Path,
                         help="the log's signing key file (operators; default: the service's)")
     actions = parser.add_subparsers(dest="action", required=True)
@@ -30,6 +32,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     consistency.add_argument("first", type=int)
     consistency.add_argument("second", type=int)
     actions.add_parser("public-key", help="the verifier key to pin")
+    publish = actions.add_parser("publish", help="publish the log as C2SP tlog-tiles")
+    publish.add_argument("--to", required=True, help="a directory or s3://bucket[/prefix]")
+    publish.add_argument("--retention-days", type=int, default=None,
+                         help="S3 Object Lock retention (compliance mode; default 2557)")
 
 
 def _settings(args: argparse.Namespace) -> tuple[str, Path]:
@@ -52,9 +58,29 @@ def _verifier(args: argparse.Namespace, key_file: Path, origin: str | None = Non
     return (bind_to_origin(signer, origin) if origin else signer).verifier()
 
 
-def _log_origin(url: str) -> str | None:
-    """The origin stored in the log, if there is a log there to ask (public-key works
-    from the key file alone too)."""
+def _public_key(args: argparse.Namespace, url: str, key_file: Path) -> NoteVerifier:
+    """The verifier key to pin: ``--log-key`` as given; else, with ``--db``, the one the
+    log database itself recorded when it was created (no signing key needed: auditors
+    have the database, not the key); else from the signing key file."""
+    if args.log_key:
+        return pinned_verifier(args)
+    if args.db:
+        stored = _log_meta(args.db)
+        if stored is not None:
+            try:
+                return NoteVerifier.decode(stored[1])
+            except ValueError as exc:
+                raise CheckpointFormatError(f"the log's stored verifier key is not one: "
+                                            f"{exc}") from exc
+        if not key_file.is_file():
+            raise InvalidInputError("--db", "this database holds no log (no log identity "
+                                    "row): give --log-key or --key-file")
+    meta = _log_meta(url)
+    return _verifier(args, key_file, meta[0] if meta else None)
+
+
+def _log_meta(url: str) -> tuple[str, str] | None:
+    """(origin, verifier key) stored in the log, if there is a log there to ask."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from ledger.store.sql import SqlLedger
@@ -66,7 +92,7 @@ def _log_origin(url: str) -> str | None:
             meta = ledger.log_meta()
     except SQLAlchemyError:
         return None
-    return meta.origin if meta else None
+    return (meta.origin, meta.verifier_key) if meta else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
     url, key_file = _settings(args)
     if args.action == "public-key":
-        verifier = _verifier(args, key_file, None if args.log_key else _log_origin(url))
+        verifier = _public_key(args, url, key_file)
         print_json({"verifier_key": verifier.encode(), "origin": verifier.name}) if args.json \
             else print(verifier.encode())
         return 0
@@ -92,11 +118,28 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.action == "consistency":
             return _consistency(args, ledger, _verifier(args, key_file))
-        from ledger.store.fsck import fsck
+        if args.action == "publish":
+            from ledger.publish.worker import open_sink, publish_latest
+
+            size = publish_latest(ledger, open_sink(args.to, args.retention_days))
+            print_json({"published_size": size, "to": args.to}) if args.json else \
+                print(f"published the checkpoint of size {size} and its tiles to {args.to}")
+            return 0 if size else 1
+        from ledger.store.fsck import Finding, fsck
 
         meta = None if args.log_key else ledger.log_meta()
-        report = fsck(ledger, _verifier(args, key_file, meta.origin if meta else None),
-                      progress=progress_printer("checked"))
+        verifier = _verifier(args, key_file, meta.origin if meta else None)
+        memory = Memory(args, verifier)
+        report = fsck(ledger, verifier, progress=progress_printer("checked"))
+        # A tail truncated or rewritten behind the checkpoint this auditor saw last.
+        divergence = memory.check(ledger)
+        if divergence is not None:
+            report.findings.insert(0, Finding(divergence.kind,
+                                              f"checkpoint {divergence.seen_size}",
+                                              divergence.message))
+        elif report.ok:
+            latest = ledger.latest_checkpoint()
+            memory.advance(latest.note if latest else None)
     if args.json:
         print_json({"ok": report.ok, "tree_size": report.tree_size,
                     "records_checked": report.records_checked,
@@ -144,7 +187,11 @@ def _consistency(args: argparse.Namespace, ledger: Any, verifier: NoteVerifier) 
     if old is not None and new is not None and old.origin != new.origin:
         raise CheckpointFormatError(f"checkpoints {first} and {second} are for different "
                                     f"origins ({old.origin!r}, {new.origin!r})")
-    proof = ledger.consistency_proof(first, second)
+    try:
+        proof = ledger.consistency_proof(first, second)
+    except LookupError as exc:  # a damaged tree: the log cannot prove its own history
+        raise VerificationError(f"the log cannot prove {first} -> {second}: its tree "
+                                f"lacks a node ({exc}); run 'log fsck'") from exc
     if old is not None and new is not None:
         try:
             merkle.verify_consistency(first, second, proof, old.root, new.root)

@@ -8,8 +8,9 @@ import json
 import sys
 from typing import Any
 
-from audit_cli.evidence import add_source_options, one_source
+from audit_cli.evidence import add_key_option, add_source_options, one_source
 from audit_cli.filters import add_filter_options, filters_from
+from audit_cli.windows import add_window_options, prove_from_tiles
 from ledger.errors import InvalidInputError
 
 COLUMNS = ("leaf_index", "record_id", "created_at", "tenant", "model_name",
@@ -22,6 +23,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_filter_options(parser)
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
     parser.add_argument("--limit", type=int, default=None, help="stop after this many rows")
+    parser.add_argument("--prove", action="store_true",
+                        help="read every leaf of the window through --tiles, check it "
+                             "against the signed (and witnessed) checkpoint, filter locally "
+                             "and say the answer is complete")
+    add_window_options(parser)
+    add_key_option(parser)
 
 
 def _rows(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -67,7 +74,39 @@ def _rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows[: args.limit] if args.limit else rows
 
 
+def _proved(args: argparse.Namespace) -> int:
+    from ledger.audit import open_record
+    from ledger.leaves.envelope import is_envelope
+    from ledger.record import mirror_columns
+
+    since, until, filters = filters_from(args)
+    answer, log, entries, vouched = prove_from_tiles(args, since, until, filters)
+    rows = []
+    for index in answer.matched[: args.limit] if args.limit else answer.matched:
+        entry = entries[index - answer.start]
+        if is_envelope(entry):
+            rows.append({"leaf_index": index, **json.loads(entry)})
+        else:
+            columns = mirror_columns(open_record(entry))
+            rows.append({"leaf_index": index, **columns})
+    if args.json or args.format == "json":
+        print(json.dumps({"complete": True, "start": answer.start, "end": answer.end,
+                          "tree_size": answer.tree_size, "in_window": answer.in_window,
+                          "matched": len(answer.matched), "checkpoint": vouched,
+                          "records": rows}, indent=2, default=str))
+        return 0
+    for row in rows:
+        print("  ".join(str(row.get(c, "-")) for c in ("leaf_index", "record_id",
+                                                        "created_at", "tenant", "kind")
+                        if c in row))
+    print(f"{answer.summary()} (signed checkpoint of size {answer.tree_size}, {vouched}; "
+          f"{answer.in_window} leaves in the window)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.prove:
+        return _proved(args)
     rows = _rows(args)
     fmt = "json" if args.json else args.format
     if fmt == "json":

@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from ledger.error_map import exit_code_for
     from ledger.errors import WorkerDiedError
     from ledger.store.apikeys import ApiKeyStore
+    from ledger.store.file_modes import private_directory, sqlite_path
     from ledger.store.migrate import upgrade
     from ledger.store.sql import SqlLedger, make_engine
 
@@ -39,10 +40,11 @@ def run(args: argparse.Namespace) -> int:
                                  max_wait_ms=args.max_wait_ms)
     # Log calls only enqueue: a stalled stdout must not stall the event loop.
     queued_logging = setup_queued_logging(logging.INFO, capacity=settings.log_queue_capacity)
-    if settings.database_url.startswith("sqlite:///"):
-        from pathlib import Path
-
-        Path(settings.database_url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    # The service home holds the keyring, the log key and (by default) the database.
+    private_directory(settings.keyring_path.parent)
+    database = sqlite_path(settings.database_url)
+    if database is not None:
+        database.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     upgrade(settings.database_url)
     # Refuse to start (exit 2, before loading the model) when this replica's key or
     # origin is not the log's: it would seal checkpoints no verifier accepts.

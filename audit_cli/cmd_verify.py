@@ -25,7 +25,7 @@ from ledger.checkpoint import Checkpoint, NoteVerifier
 from ledger.client.sources import RecordNotFoundError, gather
 from ledger.cosignature import WitnessKey
 from ledger.error_map import EXIT_CHECK_FAILED, EXIT_OK
-from ledger.errors import InvalidInputError
+from ledger.errors import InvalidInputError, LedgerError
 from ledger.leaves.environment import fingerprints
 from ledger.leaves.record_v2 import RECORD_KIND
 from ledger.record import RECORD_SCHEMA
@@ -89,6 +89,12 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "per log under AUDIT_LEDGER_HOME/verifier)")
     parser.add_argument("--no-state", action="store_true",
                         help="neither read nor advance the state file")
+    window = parser.add_argument_group("a window bundle (export --window): filters applied "
+                                       "locally to its window's leaves")
+    from audit_cli.filters import FILTERS
+
+    for name in FILTERS:
+        window.add_argument(f"--{name.replace('_', '-')}", dest=name)
 
 
 def _salt(value: str | None, name: str) -> bytes | None:
@@ -210,6 +216,8 @@ def run(args: argparse.Namespace) -> int:
     disclosure = Disclosure(prompt, _salt(args.input_salt, "--input-salt"), output,
                             _salt(args.output_salt, "--output-salt"))
     state = _State(args, verifier)
+    if args.bundle and _is_window_bundle(args.bundle):
+        return _verify_window(args, verifier)
     if args.bundle:
         return _verify_bundle(args, verifier, policy, disclosure, state)
     if not args.record_id:
@@ -228,7 +236,8 @@ def run(args: argparse.Namespace) -> int:
             origin = _origin(args, evidence.checkpoint_note)
             verdict = verify_record(evidence, verifier, origin, seen_note=state.seen,
                                     disclosure=disclosure, policy=policy)
-            if not verdict.ok or state.advance(evidence.checkpoint_note):
+            # Only a checkpoint that itself meets the trust policy is remembered.
+            if not verdict.advances_state or state.advance(evidence.checkpoint_note):
                 break
     finally:
         if hasattr(source, "ledger"):
@@ -255,7 +264,22 @@ class _State:
             return None
         origin = _origin(self.args, checkpoint_note)
         self.path = self.args.state or default_state_path(self.verifier, origin)
-        self.seen = load_seen(self.path)
+        try:
+            self.seen = load_seen(self.path)
+        except OSError as exc:
+            raise InvalidInputError("--state", f"cannot read the state file {self.path}: "
+                                    f"{exc.strerror}") from exc
+        if self.seen is not None:
+            # The verifier's own memory, not evidence: a state it cannot read is named
+            # as such (never blamed on the log being verified).
+            try:
+                self.verifier.open_checkpoint(self.seen, origin)
+            except LedgerError as exc:
+                raise InvalidInputError(
+                    "--state", f"the state file {self.path} is not a checkpoint of {origin} "
+                    f"signed by the pinned key ({exc}); it was damaged or replaced: "
+                    "restore it, or remove it to start afresh (losing rollback "
+                    "detection up to now)") from exc
         return self.seen
 
     def advance(self, note: bytes) -> bool:
@@ -309,9 +333,12 @@ def _with_block(evidence: Any, source: Any) -> Any:
 
 def _verify_bundle(args: argparse.Namespace, verifier: NoteVerifier, policy: TrustPolicy,
                    disclosure: Disclosure, state: _State) -> int:
-    from ledger.bundle import Bundle
+    from ledger.bundle import MAX_BUNDLE_BYTES, Bundle
 
     try:
+        if args.bundle.stat().st_size > MAX_BUNDLE_BYTES:
+            raise InvalidInputError("--bundle", f"{args.bundle} is larger than "
+                                    f"{MAX_BUNDLE_BYTES} bytes: export it in parts")
         bundle = Bundle.loads(args.bundle.read_bytes())
     except OSError as exc:
         raise InvalidInputError("--bundle", f"cannot read {args.bundle}: {exc.strerror}") from exc
@@ -319,7 +346,9 @@ def _verify_bundle(args: argparse.Namespace, verifier: NoteVerifier, policy: Tru
     anchor = _bundle_anchor(args, verifier, bundle)
     for _ in range(STATE_ATTEMPTS):
         seen = state.load_for(bundle.checkpoint)
-        verdicts = []
+        # An entry that cannot be read fails check 1; the others are still judged.
+        verdicts = [record_missing(entry.record_id, str(entry.problem))
+                    for entry in bundle.problems(args.record_id)]
         for evidence in bundle.evidence(args.record_id, seen):
             if anchor is not None:
                 evidence = replace(evidence, **anchor)
@@ -327,9 +356,11 @@ def _verify_bundle(args: argparse.Namespace, verifier: NoteVerifier, policy: Tru
                                     disclosure=disclosure if args.record_id else None)
             verdicts.append(verdict)
         if args.record_id and not verdicts:
-            raise InvalidInputError("record_id", f"{args.record_id} is not in the bundle")
-        # The bundle's checkpoint, once every record verified, is something we have seen.
-        if not verdicts or not all(v.ok for v in verdicts) or state.advance(bundle.checkpoint):
+            verdicts = [record_missing(args.record_id, "the bundle holds no such record")]
+        # The bundle's checkpoint, once every record verified and if it meets the trust
+        # policy itself, is something we have seen.
+        if not verdicts or not all(v.advances_state for v in verdicts) \
+                or state.advance(bundle.checkpoint):
             break
     for verdict in verdicts:
         _replay_check(verdict, args, disclosure.prompt)
@@ -376,3 +407,34 @@ def _report(verdicts: list[Verdict], args: argparse.Namespace) -> None:
     print(f"{len(verdicts) - len(failed)} of {len(verdicts)} records verified")
     if SELF_ANCHORED in trust:
         print("SELF-ANCHORED: only the operator's own anchor vouches for this checkpoint")
+
+
+def _is_window_bundle(path: Path) -> bool:
+    from ledger.window_bundle import is_window_bundle
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return is_window_bundle(handle.read(200))
+    except (OSError, UnicodeDecodeError):
+        return False  # the bundle reader names what is wrong with it
+
+
+def _verify_window(args: argparse.Namespace, verifier: NoteVerifier) -> int:
+    """A window bundle: every leaf of its range present and checked against its signed
+    (and witnessed) checkpoint; filters (--tenant etc.) applied locally."""
+    from audit_cli.filters import FILTERS
+    from audit_cli.windows import leaf_filter, trusted_checkpoint
+    from ledger.window_bundle import WindowBundle, check_bundle
+
+    bundle = WindowBundle.loads(args.bundle.read_text(encoding="utf-8"))
+    checkpoint, vouched = trusted_checkpoint(args, verifier, bundle.checkpoint)
+    filters = {n: getattr(args, n) for n in FILTERS if getattr(args, n, None)}
+    answer = check_bundle(bundle, checkpoint, leaf_filter(filters, checkpoint.origin))
+    if args.json:
+        print_json({"complete": True, "start": answer.start, "end": answer.end,
+                    "in_window": answer.in_window, "matched": len(answer.matched),
+                    "tree_size": answer.tree_size, "checkpoint": vouched})
+    else:
+        print(f"{answer.summary()} (signed checkpoint of size {answer.tree_size}, "
+              f"{vouched}; {answer.in_window} leaves in the window)")
+    return EXIT_OK

@@ -41,12 +41,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ledger.canonical import parse_strict, strict_int
 from ledger.checkpoint import Checkpoint
 from ledger.errors import InvalidInputError, LedgerError
 from ledger.verify import Evidence, LeafEvidence
 
 BUNDLE_FORMAT = "audit-ledger-bundle/v2"
 READABLE_FORMATS = ("audit-ledger-bundle/v1", BUNDLE_FORMAT)
+
+
+# A bundle is read whole; past this it is refused with a clear error (export smaller
+# bundles: --since, --until, --tenant).
+MAX_BUNDLE_BYTES = 512 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,9 @@ class BundleEntry:
     inclusion_proof: Sequence[bytes]
     body: bytes | None = None  # a v2 leaf's body
     environment_index: int | None = None  # the environment leaf a v2 record names
+    # Why the entry could not be read (its record then fails check 1; the others are
+    # still judged). None for a well-formed entry.
+    problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -106,38 +115,47 @@ class Bundle:
 
     @classmethod
     def loads(cls, text: str | bytes) -> Bundle:
+        """Read a bundle strictly (one meaning only: duplicate keys, deep nesting, huge
+        numbers and non-integer integers are refused). A malformed frame is a usage
+        error; a malformed entry is kept with its ``problem`` for check 1."""
+        if len(text) > MAX_BUNDLE_BYTES:
+            raise InvalidInputError("bundle", f"larger than {MAX_BUNDLE_BYTES} bytes: export "
+                                    "it in smaller parts (--since/--until)")
         try:
-            data = json.loads(text)
+            data = parse_strict(text)
+            if not isinstance(data, dict):
+                raise TypeError("not a JSON object")
             if data.get("format") not in READABLE_FORMATS:
                 raise InvalidInputError("bundle", f"not an {BUNDLE_FORMAT} (or v1) file")
             anchor = data.get("anchor")
+            entries = data["entries"]
+            if not isinstance(entries, list):
+                raise TypeError("entries is not a list")
             return cls(
-                origin=str(data["origin"]), log_key=str(data["log_key"]),
-                checkpoint=str(data["checkpoint"]).encode(),
-                entries=[BundleEntry(str(e["record_id"]), int(e["leaf_index"]),
-                                     base64.b64decode(e["canonical"], validate=True),
-                                     [bytes.fromhex(h) for h in e["inclusion_proof"]],
-                                     base64.b64decode(e["body"], validate=True)
-                                     if "body" in e else None,
-                                     int(e["environment_index"])
-                                     if e.get("environment_index") is not None else None)
-                         for e in data["entries"]],
-                environments={int(index): LeafEvidence(
-                    int(index), base64.b64decode(leaf["envelope"], validate=True),
-                    base64.b64decode(leaf["body"], validate=True),
-                    [bytes.fromhex(h) for h in leaf["inclusion_proof"]])
-                    for index, leaf in data.get("environments", {}).items()},
-                anchored=str(anchor["checkpoint"]).encode() if anchor else None,
-                anchor_ref=str(anchor["ref"]) if anchor else None,
-                anchor_consistency=[bytes.fromhex(h) for h in anchor["consistency"]]
+                origin=_text(data["origin"], "origin"),
+                log_key=_text(data["log_key"], "log_key"),
+                checkpoint=_text(data["checkpoint"], "checkpoint").encode(),
+                entries=[_entry(number, e) for number, e in enumerate(entries)],
+                environments=_environments(data.get("environments", {})),
+                anchored=_text(anchor["checkpoint"], "anchor.checkpoint").encode()
+                if anchor else None,
+                anchor_ref=_text(anchor["ref"], "anchor.ref") if anchor else None,
+                anchor_consistency=_hashes(anchor["consistency"], "anchor.consistency")
                 if anchor else (),
-                consistency_from={int(size): [bytes.fromhex(h) for h in proof]
+                consistency_from={_size(size): _hashes(proof, f"consistency_from.{size}")
                                   for size, proof in data.get("consistency_from", {}).items()},
             )
-        except InvalidInputError:
-            raise
+        except InvalidInputError as exc:
+            if exc.field == "bundle":
+                raise
+            raise InvalidInputError("bundle", f"malformed bundle: {exc}") from exc
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise InvalidInputError("bundle", f"malformed bundle: {exc}") from exc
+
+    def problems(self, record_id: str | None = None) -> list[BundleEntry]:
+        """The entries that could not be read (each fails check 1)."""
+        return [e for e in self.entries if e.problem is not None
+                and (record_id is None or e.record_id == record_id)]
 
     def evidence(self, record_id: str | None = None,
                  seen_note: bytes | None = None) -> Iterator[Evidence]:
@@ -149,6 +167,8 @@ class Bundle:
             if seen_size < self.size:
                 seen_consistency = self.consistency_from.get(seen_size)
         for entry in self.entries:
+            if entry.problem is not None:
+                continue
             if record_id is not None and entry.record_id != record_id:
                 continue
             yield Evidence(
@@ -170,3 +190,58 @@ def _entry_json(entry: BundleEntry) -> dict[str, Any]:
         result["body"] = base64.b64encode(entry.body).decode()
         result["environment_index"] = entry.environment_index
     return result
+
+
+def _text(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string")
+    return value
+
+
+def _size(text: str) -> int:
+    if not text.isdigit() or (text != "0" and text.startswith("0")):
+        raise ValueError(f"consistency_from size {text[:20]!r} is not a decimal number")
+    return int(text)
+
+
+def _hashes(value: Any, name: str) -> list[bytes]:
+    if not isinstance(value, list) or not all(isinstance(h, str) for h in value):
+        raise TypeError(f"{name} must be a list of hex strings")
+    return [bytes.fromhex(h) for h in value]
+
+
+def _entry(number: int, raw: Any) -> BundleEntry:
+    """One entry, or a placeholder naming what is wrong with it (check 1 fails for it)."""
+    record_id = raw.get("record_id") if isinstance(raw, dict) else None
+    label = record_id if isinstance(record_id, str) else f"entry #{number}"
+    try:
+        if not isinstance(raw, dict):
+            raise TypeError("not a JSON object")
+        leaf_index = strict_int(raw["leaf_index"], "leaf_index")
+        if leaf_index < 0:
+            raise ValueError("leaf_index is negative")
+        body = raw.get("body")
+        environment_index = raw.get("environment_index")
+        return BundleEntry(_text(raw["record_id"], "record_id"), leaf_index,
+                           base64.b64decode(_text(raw["canonical"], "canonical"),
+                                            validate=True),
+                           _hashes(raw["inclusion_proof"], "inclusion_proof"),
+                           None if body is None else base64.b64decode(
+                               _text(body, "body"), validate=True),
+                           None if environment_index is None
+                           else strict_int(environment_index, "environment_index"))
+    except (ValueError, KeyError, TypeError) as exc:
+        why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+        return BundleEntry(label, -1, b"", (), problem=f"bundle entry #{number} is "
+                           f"malformed: {why}")
+
+
+def _environments(raw: Any) -> dict[int, LeafEvidence]:
+    """The environment leaves a bundle carries, by leaf index."""
+    if not isinstance(raw, dict):
+        raise TypeError("environments must be an object")
+    return {_size(index): LeafEvidence(
+        _size(index), base64.b64decode(_text(leaf["envelope"], "envelope"), validate=True),
+        base64.b64decode(_text(leaf["body"], "body"), validate=True),
+        _hashes(leaf["inclusion_proof"], f"environments.{index}.inclusion_proof"))
+        for index, leaf in raw.items()}

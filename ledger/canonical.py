@@ -146,21 +146,83 @@ def _no_constant(name: str) -> Any:
     raise CanonicalFormError(f"{name} is not JSON")
 
 
-def parse_strict(data: bytes) -> Any:
-    """Parse JSON that has exactly one meaning: UTF-8, no duplicate keys, no NaN.
+# Bounds for JSON read from evidence (records, bundles, server answers): deeper nesting
+# or longer numbers than any genuine document has are refused as malformed, before they
+# can exhaust the stack or the integer parser (each would otherwise be an internal error).
+MAX_JSON_DEPTH = 64
+MAX_NUMBER_CHARS = 40
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise CanonicalFormError(f"a number of {len(text)} digits (at most "
+                                 f"{MAX_NUMBER_CHARS})")
+    return int(text)
+
+
+def _bounded_float(text: str) -> float:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise CanonicalFormError(f"a number of {len(text)} characters (at most "
+                                 f"{MAX_NUMBER_CHARS})")
+    value = float(text)
+    if not math.isfinite(value):
+        raise CanonicalFormError(f"number {text[:20]} is out of range")
+    return value
+
+
+def _depth_within(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests at most ``limit`` arrays/objects deep (iterative)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return False
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, (dict, list)))
+    return True
+
+
+def parse_strict(data: bytes | str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse JSON that has exactly one meaning: UTF-8, no duplicate keys, no NaN, numbers
+    of at most ``MAX_NUMBER_CHARS`` characters, at most ``max_depth`` levels of nesting.
 
     Cheaper than ``parse_canonical`` (no re-serialization); enough to rule out bytes
-    that different parsers would read differently.
+    that different parsers would read differently. Anything else raises
+    ``CanonicalFormError``, never another error.
     """
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
     except UnicodeDecodeError as exc:
         raise CanonicalFormError(f"not UTF-8: {exc}") from exc
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicate_keys,
-                          parse_constant=_no_constant)
+        value = json.loads(text, object_pairs_hook=_no_duplicate_keys,
+                           parse_constant=_no_constant, parse_int=_bounded_int,
+                           parse_float=_bounded_float)
+    except CanonicalFormError:
+        raise
     except json.JSONDecodeError as exc:
         raise CanonicalFormError(f"not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise CanonicalFormError(f"JSON nested deeper than {max_depth} levels") from exc
+    except ValueError as exc:  # the number hooks' own errors are CanonicalFormError
+        raise CanonicalFormError(f"not JSON: {exc}") from exc
+    if not _depth_within(value, max_depth):
+        raise CanonicalFormError(f"JSON nested deeper than {max_depth} levels")
+    return value
+
+
+def strict_int(value: Any, name: str) -> int:
+    """An integer field of evidence: a JSON integer, never a float, string or bool
+    (``5.9`` read as 5 would point at another leaf than the one named). TypeError."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer, not {value!r:.40}")
+    return value
 
 
 def parse_canonical(data: bytes) -> Any:

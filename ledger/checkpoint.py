@@ -42,11 +42,23 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+# A note larger than this is no checkpoint of ours (a body of three short lines and at
+# most 100 signature lines fits in a few KiB): refused before any parsing, so junk
+# appended to a note costs nothing per record.
+MAX_NOTE_BYTES = 64 * 1024
+
+
 def _unb64(text: str, what: str) -> bytes:
+    """Canonical padded standard base64 only, as Go's strict decoder reads it: the bytes
+    must encode back to the very same text (no missing padding, no non-zero padding
+    bits, no other alphabet), so one value has one spelling."""
     try:
-        return base64.b64decode(text.encode("ascii"), validate=True)
+        raw = base64.b64decode(text.encode("ascii"), validate=True)
     except (binascii.Error, UnicodeEncodeError) as exc:
         raise CheckpointFormatError(f"{what} is not base64") from exc
+    if base64.b64encode(raw).decode("ascii") != text:
+        raise CheckpointFormatError(f"{what} is not canonical base64 (padding)")
+    return raw
 
 
 def key_hash(name: str, public_key: bytes) -> bytes:
@@ -96,6 +108,9 @@ class Checkpoint:
     def peek(cls, note: bytes) -> Checkpoint:
         """The checkpoint inside a signed note, signature NOT checked: for sizing and
         routing only; trust comes from ``NoteVerifier.open_checkpoint``."""
+        if len(note) > MAX_NOTE_BYTES:
+            raise CheckpointFormatError(f"note of {len(note)} bytes (at most "
+                                        f"{MAX_NOTE_BYTES})")
         split = note.rfind(b"\n\n")
         return cls.parse_body(note[: split + 1] if split >= 0 else note)
 
@@ -139,6 +154,9 @@ class SignedNote:
 
     @classmethod
     def parse(cls, note: bytes) -> SignedNote:
+        if len(note) > MAX_NOTE_BYTES:
+            raise CheckpointFormatError(f"note of {len(note)} bytes (at most "
+                                        f"{MAX_NOTE_BYTES})")
         try:
             text = note.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -197,9 +215,10 @@ class NoteVerifier:
         self.public_key = public_key
         self.key_hash = key_hash(name, public_key)
         self._key = Ed25519PublicKey.from_public_bytes(public_key)
-        # Notes verified already (bytes -> body): a bundle repeats one checkpoint for
-        # every record, and a signature check costs more than all else per record.
-        self._verified: dict[bytes, bytes] = {}
+        # Notes opened already (bytes -> body, or the error refusing them): a bundle
+        # repeats one checkpoint for every record, and a signature check costs more than
+        # all else per record; a refused note must not be parsed again either.
+        self._verified: dict[bytes, bytes | CheckpointFormatError | SignatureError] = {}
 
     def encode(self) -> str:
         """The verifier key string ``name+hash+base64(0x01||key)`` of signed-note."""
@@ -217,27 +236,34 @@ class NoteVerifier:
     def open(self, note: bytes) -> bytes:
         """The note's body if it carries a valid signature by this key, else raise."""
         cached = self._verified.get(note)
-        if cached is not None:
+        if cached is None:
+            try:
+                cached = self._open_uncached(note)
+            except (CheckpointFormatError, SignatureError) as exc:
+                cached = exc
+            if len(self._verified) < 1024:
+                self._verified[note] = cached
+        if isinstance(cached, bytes):
             return cached
-        body = self._open_uncached(note)
-        if len(self._verified) < 1024:
-            self._verified[note] = body
-        return body
+        raise type(cached)(str(cached))
 
     def _open_uncached(self, note: bytes) -> bytes:
         parsed = SignedNote.parse(note)
-        named = [s for s in parsed.signatures if s[0] == self.name and s[1] == self.key_hash]
+        named = {s[2] for s in parsed.signatures if s[0] == self.name and s[1] == self.key_hash}
         if not named:
             raise SignatureError(
                 f"note carries no signature by key {self.name}+{self.key_hash.hex()}"
             )
-        for _, _, signature in named:
+        # Every line in this key's name must verify (identical repeats count once): a
+        # note with a corrupted copy beside the genuine line is refused, whatever the order.
+        for signature in named:
             try:
                 self._key.verify(signature, parsed.body)
-                return parsed.body
             except InvalidSignature:
-                continue
-        raise SignatureError(f"signature by key {self.name} does not verify")
+                raise SignatureError(f"signature by key {self.name} does not verify"
+                                     + (" (one of its repeated lines)" if len(named) > 1
+                                        else "")) from None
+        return parsed.body
 
     def open_checkpoint(self, note: bytes, origin: str | None = None) -> Checkpoint:
         """Verify the signature, then parse the checkpoint (and check its origin)."""

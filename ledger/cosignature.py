@@ -127,6 +127,20 @@ def valid_cosigners(note: bytes, witnesses: Sequence[WitnessKey]) -> dict[str, i
     return found
 
 
+def well_formed_line(line: str) -> bool:
+    """Whether ``line`` (newline optional) is one signature line a note may carry: the
+    prefix, a name, one canonical base64 blob. A stored line that is not must be left
+    out of served notes, or it would spoil the log's own signature check (check 3)."""
+    text = line[:-1] if line.endswith("\n") else line
+    if "\n" in text:
+        return False
+    try:
+        SignedNote.parse(b"-\n\n" + text.encode("utf-8") + b"\n")
+    except (CheckpointFormatError, UnicodeEncodeError):
+        return False
+    return True
+
+
 def add_cosignatures(note: bytes, lines: Sequence[str]) -> bytes:
     """The note with extra signature lines appended (duplicates dropped)."""
     if not note.endswith(b"\n"):

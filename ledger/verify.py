@@ -98,7 +98,7 @@ class Evidence:
     record_id: str
     canonical: bytes
     leaf_index: int
-    inclusion_proof: Sequence[bytes]
+    inclusion_proof: Sequence[bytes] | None  # None: the source could not produce one
     checkpoint_note: bytes
     anchored_note: bytes | None = None
     anchor_ref: str | None = None
@@ -112,6 +112,9 @@ class Evidence:
     # True only when the verifier read ``anchored_note`` from the Fabric channel itself;
     # an anchor the source merely reports is the operator's word.
     anchor_from_fabric: bool = False
+    # How many leaves the source's log holds, when it can tell (a database): a signed
+    # checkpoint larger than that covers entries the log no longer has (check 4).
+    log_size: int | None = None
     # A v2 leaf's body (``canonical`` is then its envelope) and, for a v2 record, the
     # environment leaf it names.
     body: bytes | None = None
@@ -157,6 +160,9 @@ class Check:
     reason: str
     # Check 4 only: which trust level made it pass (FABRIC, WITNESSED, SELF_ANCHORED).
     level: str | None = None
+    # Check 4 only: whether the checkpoint itself meets the trust policy, so that the
+    # verifier may remember it; False when only an older anchored checkpoint vouches.
+    advances: bool = True
 
     @property
     def name(self) -> str:
@@ -199,6 +205,12 @@ class Verdict:
         return next((c.level for c in self.checks if c.number == 4 and c.passed), None)
 
     @property
+    def advances_state(self) -> bool:
+        """Whether the verifier may remember this checkpoint: verified, and vouched for
+        itself (not only through an older anchored checkpoint that covers the record)."""
+        return self.ok and all(c.advances for c in self.checks if c.number == 4)
+
+    @property
     def exit_code(self) -> int:
         return EXIT_OK if self.ok else EXIT_CHECK_FAILED
 
@@ -212,8 +224,8 @@ class Verdict:
         return f"NOT VERIFIED (check {failed.number} failed)" if failed else "NOT VERIFIED"
 
     def add(self, number: int, passed: bool | None, reason: str,
-            level: str | None = None) -> bool:
-        self.checks.append(Check(number, passed, reason, level))
+            level: str | None = None, advances: bool = True) -> bool:
+        self.checks.append(Check(number, passed, reason, level, advances))
         self.checks.sort(key=lambda c: c.number)
         return passed is not False
 
@@ -267,7 +279,21 @@ def verify_record(
     verdict.checkpoint = checkpoint
     verdict.add(3, True, f"signed by {verifier.name}+{verifier.key_hash.hex()}")
 
+    # A signed checkpoint beyond the log's own size: the log lost entries it signed for
+    # (a truncated copy, or a rewrite), a history problem, not a bad proof.
+    if evidence.log_size is not None and checkpoint.size > evidence.log_size:
+        verdict.add(2, None, "not run: the log cannot prove inclusion in a tree larger "
+                    "than itself")
+        verdict.add(4, False, f"the log holds {evidence.log_size} entries but its signed "
+                    f"checkpoint covers {checkpoint.size}: entries the log signed for are "
+                    "missing from it")
+        return _skip_rest(verdict, {5})
+
     # Check 2: inclusion in the (now authentic) checkpoint.
+    if evidence.inclusion_proof is None:
+        verdict.add(2, False, "the source could not produce an inclusion proof (its tree "
+                    "lacks a node on the path)")
+        return _skip_rest(verdict, {4, 5})
     try:
         merkle.verify_inclusion(leaf, evidence.leaf_index, checkpoint.size,
                                 evidence.inclusion_proof, checkpoint.root)
@@ -292,12 +318,12 @@ def verify_record(
 
     # Check 4: no rollback or fork, anchored, and vouched for by someone else.
     try:
-        reasons, level = _check_history(evidence, verifier, origin, checkpoint, seen_note,
-                                        policy)
+        reasons, level, advances = _check_history(evidence, verifier, origin, checkpoint,
+                                                  seen_note, policy)
     except LedgerError as exc:
         verdict.add(4, False, f"{type(exc).__name__}: {exc}")
         return _skip_rest(verdict, {5})
-    verdict.add(4, True, "; ".join(reasons), level)
+    verdict.add(4, True, "; ".join(reasons), level, advances)
 
     _check_disclosure(verdict, body, disclosure or Disclosure())
     return verdict
@@ -380,8 +406,14 @@ def _check_environment(record: Leaf, given: LeafEvidence | None, origin: str) ->
 
 def _check_history(evidence: Evidence, verifier: NoteVerifier, origin: str,
                    checkpoint: Checkpoint, seen_note: bytes | None,
-                   policy: TrustPolicy) -> tuple[list[str], str]:
-    """Check 4. Raises the error that names the failure; returns reasons and level."""
+                   policy: TrustPolicy) -> tuple[list[str], str, bool]:
+    """Check 4. Raises the error that names the failure; returns reasons, level and
+    whether the checkpoint itself meets the policy (the state may advance to it).
+
+    An anchored checkpoint that covers the record proves the record even when the
+    checkpoint is larger than it; but then nobody but the operator vouches for the
+    entries after the anchored size, so the verifier must not remember the larger one:
+    a fork planted past a genuine anchor would otherwise cut it off the honest log."""
     reasons = []
     # (a) What this verifier saw before. Smaller is a rollback and equal-size-other-root
     # a fork, whatever else the source says: neither needs a proof to be seen.
@@ -412,19 +444,25 @@ def _check_history(evidence: Evidence, verifier: NoteVerifier, origin: str,
                        f"({evidence.anchor_ref or 'no reference'})")
 
     # (c) Who vouches for it besides the operator.
+    covers_checkpoint = anchored is not None and anchored.size >= checkpoint.size
     if policy.fabric and evidence.anchor_from_fabric and anchored is not None:
-        return reasons + ["anchored on Fabric"], FABRIC
+        advances = covers_checkpoint or _quorum_on_checkpoint(evidence, policy)
+        return (reasons + ["anchored on Fabric" + _no_advance(advances, checkpoint,
+                                                              anchored)], FABRIC, advances)
     if policy.witnesses:
-        notes = [evidence.checkpoint_note]
+        own = _cosigners(evidence.checkpoint_note, tuple(policy.witnesses))
+        found = dict(own)
         if anchored is not None and anchored.size > evidence.leaf_index:
-            notes.append(evidence.anchored_note or b"")
-        found: dict[str, int] = {}
-        for note in notes:
-            found.update(_cosigners(note, tuple(policy.witnesses)))
+            by_anchor = _cosigners(evidence.anchored_note or b"", tuple(policy.witnesses))
+            found.update(by_anchor)
+            if covers_checkpoint:
+                own = found
         if len(found) >= policy.required:
+            advances = len(own) >= policy.required
             return reasons + [f"cosigned by {len(found)} of {len(policy.witnesses)} "
                               f"pinned witnesses ({', '.join(sorted(found))}; quorum "
-                              f"{policy.required})"], WITNESSED
+                              f"{policy.required})"
+                              + _no_advance(advances, checkpoint, anchored)], WITNESSED, advances
         missing = [w.name for w in policy.witnesses if w.name not in found]
         raise QuorumError(sorted(found), missing, policy.required)
     if policy.fabric:
@@ -438,7 +476,22 @@ def _check_history(evidence: Evidence, verifier: NoteVerifier, origin: str,
             "vouches for itself; check a Fabric anchor (--fabric-*) or witness "
             "cosignatures (--witness), or accept this with --accept-self-anchored")
     return reasons + [f"SELF-ANCHORED: only the operator's own anchor ({where}); "
-                      "accepted by --accept-self-anchored"], SELF_ANCHORED
+                      "accepted by --accept-self-anchored"], SELF_ANCHORED, True
+
+
+def _quorum_on_checkpoint(evidence: Evidence, policy: TrustPolicy) -> bool:
+    if not policy.witnesses:
+        return False
+    own = _cosigners(evidence.checkpoint_note, tuple(policy.witnesses))
+    return len(own) >= policy.required
+
+
+def _no_advance(advances: bool, checkpoint: Checkpoint, anchored: Checkpoint | None) -> str:
+    if advances or anchored is None:
+        return ""
+    return (f" (the record is proven through the anchored size {anchored.size}; the "
+            f"size-{checkpoint.size} checkpoint itself is vouched for by nobody but the "
+            "operator, so this verifier does not remember it)")
 
 
 @lru_cache(maxsize=64)

@@ -5,7 +5,9 @@
 
 const { Contract } = require('fabric-contract-api');
 const { verifyConsistency, MerkleError } = require('./merkle');
-const { parseVerifierKey, openCheckpoint, peekCheckpoint, NoteError } = require('./note');
+const {
+    parseVerifierKey, openCheckpoint, peekCheckpoint, NoteError, MAX_NOTE_BYTES,
+} = require('./note');
 
 const EVENT_NAME = 'CheckpointAnchored';
 const SIZE_DIGITS = 20; // zero-padded so composite keys sort by size
@@ -16,7 +18,13 @@ function refuse(code, message) {
     return error;
 }
 
+// A consistency proof has at most 2 * 64 hashes of 64 hex digits (and JSON around them).
+const MAX_PROOF_BYTES = 64 * 1024;
+
 function parseProof(text) {
+    if (Buffer.byteLength(String(text || ''), 'utf8') > MAX_PROOF_BYTES) {
+        throw refuse('MALFORMED', `consistency proof larger than ${MAX_PROOF_BYTES} bytes`);
+    }
     let items;
     try {
         items = JSON.parse(text || '[]');
@@ -71,6 +79,9 @@ class AnchorContract extends Contract {
     }
 
     async AnchorCheckpoint(ctx, checkpointNote, consistencyProof) {
+        if (Buffer.byteLength(String(checkpointNote), 'utf8') > MAX_NOTE_BYTES) {
+            throw refuse('MALFORMED', `checkpoint note larger than ${MAX_NOTE_BYTES} bytes`);
+        }
         let peeked;
         try {
             peeked = peekCheckpoint(checkpointNote);
@@ -99,7 +110,10 @@ class AnchorContract extends Contract {
                 if (root !== latest.root) {
                     throw refuse('FORK', `size ${offered.size} is anchored with root ${latest.root}, offered ${root}`);
                 }
-                return JSON.stringify(latest); // the same checkpoint again: accepted as is
+                // The same checkpoint again: refused, so that no transaction is ordered
+                // for it (an answer would commit a block that stores nothing); the error
+                // names the transaction that stored it.
+                throw refuse('ALREADY_ANCHORED', `size ${offered.size} is anchored by transaction ${latest.txId}`);
             }
             try {
                 verifyConsistency(latest.size, offered.size, proof, Buffer.from(latest.root, 'hex'), offered.root);

@@ -4,6 +4,23 @@
 const crypto = require('crypto');
 
 const SIGNATURE_PREFIX = '\u2014 ';
+const MAX_SIGNATURES = 100;
+const MAX_NOTE_BYTES = 64 * 1024;
+const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
+
+// Canonical padded standard base64 only, as Go's strict decoder: Node's Buffer.from skips
+// junk characters and missing padding, so one signature could be spelled many ways and a
+// spelling other verifiers refuse could be stored (and then jam every reader).
+function strictBase64(text, what) {
+    if (typeof text !== 'string' || !BASE64.test(text)) {
+        throw new NoteError('malformed', `${what} is not canonical base64`);
+    }
+    const raw = Buffer.from(text, 'base64');
+    if (raw.toString('base64') !== text) {
+        throw new NoteError('malformed', `${what} is not canonical base64 (padding bits)`);
+    }
+    return raw;
+}
 const ED25519_SPKI_PREFIX = Buffer.from('302a300506032b6570032100', 'hex');
 
 class NoteError extends Error {
@@ -25,7 +42,7 @@ function parseVerifierKey(text) {
         throw new NoteError('malformed', 'verifier key must be name+hash+key');
     }
     const [name, hashHex] = parts;
-    const raw = Buffer.from(parts.slice(2).join('+'), 'base64');
+    const raw = strictBase64(parts.slice(2).join('+'), 'verifier key');
     if (raw.length !== 33 || raw[0] !== 1) {
         throw new NoteError('malformed', 'only Ed25519 verifier keys are supported');
     }
@@ -38,21 +55,31 @@ function parseVerifierKey(text) {
 
 function splitNote(note) {
     const text = Buffer.isBuffer(note) ? note.toString('utf8') : String(note);
+    if (Buffer.byteLength(text, 'utf8') > MAX_NOTE_BYTES) {
+        throw new NoteError('malformed', `note larger than ${MAX_NOTE_BYTES} bytes`);
+    }
     const at = text.lastIndexOf('\n\n');
     if (at < 0 || !text.endsWith('\n')) {
         throw new NoteError('malformed', 'note has no signature block');
     }
     const body = text.slice(0, at + 1);
-    const signatures = text.slice(at + 2, -1).split('\n').map((line) => {
+    const lines = text.slice(at + 2, -1).split('\n');
+    if (lines.length > MAX_SIGNATURES) {
+        throw new NoteError('malformed', `more than ${MAX_SIGNATURES} signature lines`);
+    }
+    const signatures = lines.map((line) => {
         if (!line.startsWith(SIGNATURE_PREFIX)) {
             throw new NoteError('malformed', 'malformed signature line');
         }
-        const [name, blob] = line.slice(SIGNATURE_PREFIX.length).split(' ');
-        const raw = Buffer.from(blob || '', 'base64');
-        if (!name || raw.length < 5) {
-            throw new NoteError('malformed', 'malformed signature line');
+        const fields = line.slice(SIGNATURE_PREFIX.length).split(' ');
+        if (fields.length !== 2 || !fields[0]) {
+            throw new NoteError('malformed', 'a signature line has exactly two fields: name and base64');
         }
-        return { name, keyHash: raw.subarray(0, 4), signature: raw.subarray(4) };
+        const raw = strictBase64(fields[1], 'signature');
+        if (raw.length < 5) {
+            throw new NoteError('malformed', 'signature too short');
+        }
+        return { name: fields[0], keyHash: raw.subarray(0, 4), signature: raw.subarray(4) };
     });
     return { body, signatures };
 }
@@ -66,8 +93,8 @@ function parseCheckpointBody(body) {
     if (!origin || !/^(0|[1-9][0-9]*)$/.test(sizeText)) {
         throw new NoteError('malformed', `bad origin or tree size ${JSON.stringify(sizeText)}`);
     }
-    const root = Buffer.from(rootText, 'base64');
-    if (root.length !== 32 || root.toString('base64') !== rootText) {
+    const root = strictBase64(rootText, 'root hash');
+    if (root.length !== 32) {
         throw new NoteError('malformed', 'root hash must be 32 bytes of base64');
     }
     return { origin, size: Number(sizeText), sizeText, root };
@@ -87,11 +114,15 @@ function openCheckpoint(note, verifierKey) {
     if (!ours.length) {
         throw new NoteError('bad signature', `note carries no signature by key ${verifierKey.name}`);
     }
-    const valid = ours.some((s) => crypto.verify(null, Buffer.from(body, 'utf8'), key, s.signature));
+    // Every line in the log key's name must verify: a corrupted copy beside the genuine
+    // line is refused, as the verifiers refuse it.
+    const valid = ours.every((s) => crypto.verify(null, Buffer.from(body, 'utf8'), key, s.signature));
     if (!valid) {
         throw new NoteError('bad signature', `signature by key ${verifierKey.name} does not verify`);
     }
     return parseCheckpointBody(body);
 }
 
-module.exports = { parseVerifierKey, openCheckpoint, peekCheckpoint, NoteError };
+module.exports = {
+    parseVerifierKey, openCheckpoint, peekCheckpoint, NoteError, MAX_NOTE_BYTES, MAX_SIGNATURES,
+};

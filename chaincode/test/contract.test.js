@@ -37,18 +37,76 @@ test('a genuine sequence of checkpoints is accepted, with an event each', async 
     assert.strictEqual(eight.note, vectors.sequence[1].note);
 });
 
-test('re-submitting the same checkpoint is accepted idempotently, with the ORIGINAL tx id', async () => {
+test('re-submitting an anchored checkpoint is refused, naming the ORIGINAL tx id', async () => {
     await anchorSequence();
     const original = await invoke(contract, stub, 'GetLatest', vectors.origin);
-    const again = await invoke(contract, stub, 'AnchorCheckpoint', vectors.sequence[3].note, '[]');
-    assert.strictEqual(again.size, 64);
-    // The re-submission is a new transaction that stores nothing: the answer names the one
-    // that stored the checkpoint, so a client records the chain's transaction.
-    assert.notStrictEqual(stub.getTxID(), original.txId);
-    assert.strictEqual(again.txId, original.txId);
+    // Refused at endorsement, so no transaction is ordered (an accepted no-op would
+    // still commit and use up a block); the error names the transaction that stored it.
+    await assert.rejects(invoke(contract, stub, 'AnchorCheckpoint', vectors.sequence[3].note, '[]'),
+        (e) => refusedWith('ALREADY_ANCHORED')(e) && e.message.includes(original.txId));
     assert.strictEqual(stub.events.length, 4);
     const stored = await invoke(contract, stub, 'GetCheckpoint', vectors.origin, '64');
     assert.strictEqual(stored.txId, original.txId);
+});
+
+// The front-running jam: a channel member takes the service's public note, re-spells it
+// so that Node's lenient base64 still verifies, and anchors it first. Every spelling other
+// than the canonical one is refused, so the service's own note is what gets stored.
+function respelled(note, how) {
+    const at = note.lastIndexOf('\n\n') + 2;
+    const body = note.slice(0, at);
+    const line = note.slice(at, -1);
+    const [prefix, blob] = [line.slice(0, line.lastIndexOf(' ')), line.slice(line.lastIndexOf(' ') + 1)];
+    switch (how) {
+    case 'junk character':
+        return `${body}${prefix} ${blob.slice(0, 10)}!${blob.slice(10)}\n`;
+    case 'stripped padding':
+        return `${body}${prefix} ${blob.replace(/=+$/, '')}\n`;
+    case 'extra field':
+        return `${body}${prefix} ${blob} extra\n`;
+    case '101 signature lines':
+        return body + `${line}\n`.repeat(101);
+    case 'padding bits': {
+        const alphabet = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/';
+        const last = blob[blob.length - 2];
+        const changed = alphabet[alphabet.indexOf(last) | 1];
+        assert.notStrictEqual(changed, last);
+        return `${body}${prefix} ${blob.slice(0, -2)}${changed}=\n`;
+    }
+    case 'corrupted copy': {
+        const raw = Buffer.from(blob, 'base64');
+        raw[raw.length - 1] ^= 1;
+        return `${body}${prefix} ${raw.toString('base64')}\n${line}\n`;
+    }
+    case '512 KiB note':
+        return `${body}${line}\n${'\u2014 other AAAAAAAA\n'.repeat(512 * 1024 / 16)}`;
+    default:
+        throw new Error(how);
+    }
+}
+
+for (const how of ['junk character', 'stripped padding', 'extra field', '101 signature lines',
+    'padding bits', 'corrupted copy', '512 KiB note']) {
+    test(`front-running jam refused: ${how}`, async () => {
+        const first = vectors.sequence[0];
+        const second = vectors.sequence[1];
+        await invoke(contract, stub, 'AnchorCheckpoint', first.note, '[]');
+        const jam = respelled(second.note, how);
+        assert.notStrictEqual(jam, second.note);
+        const code = how === 'corrupted copy' ? 'BAD_SIGNATURE' : 'MALFORMED';
+        await assert.rejects(invoke(contract, stub, 'AnchorCheckpoint', jam, proofJson(second.consistency_from_previous)),
+            refusedWith(code));
+        // The genuine note still anchors, and is what the chain holds.
+        await invoke(contract, stub, 'AnchorCheckpoint', second.note, proofJson(second.consistency_from_previous));
+        const latest = await invoke(contract, stub, 'GetLatest', vectors.origin);
+        assert.strictEqual(latest.note, second.note);
+    });
+}
+
+test('a proof larger than 64 KiB is refused', async () => {
+    const huge = JSON.stringify(Array(1100).fill('ab'.repeat(32)));
+    await assert.rejects(invoke(contract, stub, 'AnchorCheckpoint', vectors.sequence[0].note, huge),
+        refusedWith('MALFORMED'));
 });
 
 test('each anchored checkpoint records the transaction that stored it', async () => {

@@ -12,11 +12,10 @@
 #   $FABRIC_BIN/{cryptogen,configtxgen,osnadmin,orderer,peer}
 #   $FABRIC_CONFIG   orderer.yaml + core.yaml (default: $FABRIC_BIN/../config; from a
 #                    source checkout: its sampleconfig/, the same files)
-#   $FABRIC_CCAAS    the ccaas builder, bin/{detect,build,release} (default:
-#                    $FABRIC_BIN/../builders/ccaas; from source: ccaas_builder/cmd/*, a
-#                    Go module of its own, or any builder following the external-builder
-#                    contract: detect accepts metadata.json type "ccaas", build copies
-#                    connection.json, release puts it in chaincode/server/)
+#   $FABRIC_CCAAS    a ccaas external builder, bin/{detect,build,release} (default: this
+#                    project's own, deploy/fabric/ccaas/: detect accepts metadata.json
+#                    type "ccaas", build copies connection.json, release puts it in
+#                    chaincode/server/; Fabric's official one works too)
 # Tried against v2.5.12 built from the official source with Go 1.23 (orderer, peer,
 # osnadmin, configtxgen, cryptogen), config from sampleconfig/.
 # and node with chaincode/node_modules installed (scripts/setup.sh does that).
@@ -25,12 +24,20 @@
 # not ORDERER_*/CORE_* names, which the orderer and peer would read as their settings.
 # Everything lives in $FABRIC_NATIVE_DIR (default .fabric-native/ at the repository root);
 # `up` writes $FABRIC_NATIVE_DIR/env, the variables tests/fabric/test_real_network.py and
-# bench/bench_anchor.py read.
-set -euo pipefail
+# bench/bench_anchor.py read, and $FABRIC_NATIVE_DIR/settings, what it was started with,
+# which `start-peer` and `down` read back (no variable needs giving twice). Logs are
+# appended to $FABRIC_NATIVE_DIR/logs/<process>.log across restarts. A failed `up` stops
+# whatever it had started (its logs stay for reading; `down` removes them).
+set -Eeuo pipefail  # -E: the ERR trap fires inside functions too
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 WORK=${FABRIC_NATIVE_DIR:-$ROOT/.fabric-native}
+# What `up` was started with, for the later commands (given variables still win).
+if [ -f "$WORK/settings" ] && [ "${1:-}" != up ]; then
+    # shellcheck disable=SC1091
+    . "$WORK/settings"
+fi
 CHANNEL=${CHANNEL:-auditchannel}
 CC_NAME=${CC_NAME:-anchor}
 CC_LABEL=${CC_NAME}_1.0
@@ -48,7 +55,7 @@ need_bin() {
         [ -x "$FABRIC_BIN/$tool" ] || { echo "missing $FABRIC_BIN/$tool" >&2; exit 2; }
     done
     FABRIC_CONFIG=${FABRIC_CONFIG:-$FABRIC_BIN/../config}
-    FABRIC_CCAAS=${FABRIC_CCAAS:-$FABRIC_BIN/../builders/ccaas}
+    FABRIC_CCAAS=${FABRIC_CCAAS:-$HERE/ccaas}
     [ -f "$FABRIC_CONFIG/core.yaml" ] && [ -f "$FABRIC_CONFIG/orderer.yaml" ] || {
         echo "no core.yaml/orderer.yaml in $FABRIC_CONFIG (set FABRIC_CONFIG)" >&2; exit 2; }
     [ -x "$FABRIC_CCAAS/bin/detect" ] || {
@@ -75,9 +82,24 @@ retry() {
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# A port something else already listens on would look "open" to the waits below and fail
+# much later with a misleading error (osnadmin's TLS handshake with a stranger): refuse
+# it before starting anything.
+ports_free() {  # "NAME=port" ...
+    local item busy=0
+    for item in "$@"; do
+        if port_open "${item#*=}"; then
+            echo "port ${item#*=} is already in use (set ${item%%=*} to another)" >&2
+            busy=1
+        fi
+    done
+    return $busy
+}
+
 start_bg() {  # name, command...: run in the background, remember its pid
     local name=$1; shift
-    nohup "$@" > "$WORK/logs/$name.log" 2>&1 &
+    echo "--- $(date -u +%FT%TZ) starting $name" >> "$WORK/logs/$name.log"
+    nohup "$@" >> "$WORK/logs/$name.log" 2>&1 &
     echo $! > "$WORK/$name.pid"
 }
 
@@ -228,17 +250,45 @@ EOF
     cat "$WORK/env"
 }
 
-down() {
+save_settings() {  # as NAME=${NAME:-value}: a variable given later still wins
+    local pair
+    for pair in FABRIC_BIN="$FABRIC_BIN" FABRIC_CONFIG="$FABRIC_CONFIG" \
+            FABRIC_CCAAS="$FABRIC_CCAAS" CHANNEL="$CHANNEL" CC_NAME="$CC_NAME" \
+            NATIVE_ORDERER_PORT="$ORDERER_PORT" NATIVE_ORDERER_ADMIN_PORT="$ORDERER_ADMIN_PORT" \
+            NATIVE_ORDERER_OPS_PORT="$ORDERER_OPS_PORT" NATIVE_PEER_PORT="$PEER_PORT" \
+            NATIVE_PEER_CC_PORT="$PEER_CC_PORT" NATIVE_PEER_OPS_PORT="$PEER_OPS_PORT" \
+            NATIVE_CC_PORT="$CC_PORT"; do
+        printf '%s=${%s:-%q}\n' "${pair%%=*}" "${pair%%=*}" "${pair#*=}"
+    done > "$WORK/settings"
+}
+
+stop_all() {
     for name in chaincode peer orderer; do stop_bg "$name"; done
+}
+
+down() {
+    stop_all
     if [ "${KEEP:-0}" != 1 ]; then rm -rf "$WORK"; fi
+}
+
+failed_up() {
+    echo "native.sh up failed; stopping what it started; logs in $WORK/logs" \
+        "('native.sh down' removes $WORK)" >&2
+    stop_all
 }
 
 case "${1:-}" in
 up)
     need_bin
     [ -e "$WORK" ] && { echo "$WORK exists: run 'native.sh down' first" >&2; exit 2; }
+    ports_free NATIVE_ORDERER_PORT="$ORDERER_PORT" \
+        NATIVE_ORDERER_ADMIN_PORT="$ORDERER_ADMIN_PORT" \
+        NATIVE_ORDERER_OPS_PORT="$ORDERER_OPS_PORT" NATIVE_PEER_PORT="$PEER_PORT" \
+        NATIVE_PEER_CC_PORT="$PEER_CC_PORT" NATIVE_PEER_OPS_PORT="$PEER_OPS_PORT" \
+        NATIVE_CC_PORT="$CC_PORT" || exit 2
     mkdir -p "$WORK/logs"
-    trap 'echo "native.sh up failed; logs in $WORK/logs" >&2' ERR
+    save_settings
+    trap failed_up ERR
     crypto
     start_orderer
     start_peer
@@ -251,6 +301,8 @@ stop-peer)
     ;;
 start-peer)
     need_bin
+    ports_free NATIVE_PEER_PORT="$PEER_PORT" NATIVE_PEER_CC_PORT="$PEER_CC_PORT" \
+        NATIVE_PEER_OPS_PORT="$PEER_OPS_PORT" || exit 2
     start_peer
     ;;
 down)

@@ -156,7 +156,11 @@ def open_identity(settings: Settings, ledger: SqlLedger) -> LogIdentity:
 async def ledger_context(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     await asyncio.to_thread(upgrade, settings.database_url)
-    ledger = SqlLedger(settings.database_url, pg=settings.pg_session()).start()
+    from datetime import timedelta
+
+    # The lag rule (docs/decisions/0037): what makes a time window a provable leaf range.
+    ledger = SqlLedger(settings.database_url, pg=settings.pg_session(),
+                       max_created_lag=timedelta(seconds=settings.max_created_lag_s)).start()
     app[LEDGER] = ledger
     try:
         identity = await asyncio.to_thread(open_identity, settings, ledger)
@@ -176,7 +180,9 @@ async def ledger_context(app: web.Application) -> AsyncIterator[None]:
 
 async def receipts_context(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    store = ReceiptStore(app[LEDGER].engine, ttl_s=settings.idempotency_ttl_s)
+    # Answers are stored encrypted under the tenant's KEK: an erasure kills them too.
+    store = ReceiptStore(app[LEDGER].engine, ttl_s=settings.idempotency_ttl_s,
+                         keks=app[VAULT].keks)
     idempotency = Idempotency(store, settings.request_timeout_s)
     app[IDEMPOTENCY] = idempotency
 
@@ -202,11 +208,23 @@ async def integrator_context(app: web.Application) -> AsyncIterator[None]:
                             interval_s=settings.checkpoint_interval_s,
                             replica_id=settings.replica_id or None).start()
     app[INTEGRATOR] = integrator
+    publisher = None
+    if settings.tiles_publish_to:
+        from ledger.publish.worker import PublishWorker, open_sink
+
+        publisher = PublishWorker(app[LEDGER], open_sink(settings.tiles_publish_to,
+                                                         settings.tiles_retention_days),
+                                  settings.tiles_publish_interval_s).start()
+        integrator.subscribe(publisher.wake)
     app[METRICS].bind_replica(integrator.replica_id, lambda: integrator.holds_lease,
                               lambda: last_seal(app[LEDGER]),
-                              lambda: integrator.fenced_sessions)
+                              lambda: integrator.fenced_sessions,
+                              lambda: None if integrator.fencing_reach is None
+                              else integrator.fencing_reach.other_roles)
     yield
     await asyncio.to_thread(integrator.stop)
+    if publisher is not None:
+        await asyncio.to_thread(publisher.stop)
 
 
 def make_anchor(settings: Settings, ledger: SqlLedger, signer: NoteSigner) -> Any:
@@ -245,6 +263,8 @@ async def anchor_context(app: web.Application) -> AsyncIterator[None]:
     # In-memory state, refreshed by the worker's own thread: scraping never queries.
     metrics.anchor_lag.set_function(lambda: worker.current().lag_s)
     metrics.anchor_backlog.set_function(lambda: float(worker.current().backlog))
+    metrics.anchor_failures.set_function(lambda: float(worker.failures))
+    metrics.anchor_conflict.set_function(lambda: float(worker.conflict is not None))
     yield
     await asyncio.to_thread(worker.stop)
     try:  # anchor what the final seal produced, if the anchor is reachable and we lead
@@ -337,6 +357,8 @@ def create_app(settings: Settings, generator: AuditedGenerator, *,
                             anchor_context, witness_context, batcher_context,
                             supervisor_context, slo_context])
     app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])
+    from inference_wrapper.server.tiles import tile_routes
+    app.add_routes(tile_routes())  # the log as C2SP tlog-tiles at /tlog
     from inference_wrapper.server.console import setup_console
     setup_console(app)  # the auditor's console at /console
     return app

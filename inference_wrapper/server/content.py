@@ -40,6 +40,8 @@ ERASE_FIELDS = {
     "tenant": Field("string", description="the admin's own tenant (default)"),
     "subject": Field("string", description="erase every record tagged with this subject"),
     "record_ids": Field("array", description="or erase these records"),
+    "legal_basis": Field("string", description="required for records inside the minimum "
+                         "retention; recorded in the erasure leaf"),
 }
 POLICY_FIELDS = {
     "mode": Field("string", required=True, only=("commitments", "content")),
@@ -213,11 +215,13 @@ async def erase(request: web.Request) -> web.Response:
         raise invalid("record_ids", "must be a non-empty list of record ids")
     if subject is not None:
         subject = subject_from(body, "subject")
+    legal_basis = body.get("legal_basis")
     try:
         erasure = await asyncio.to_thread(
             lambda: request.app[VAULT].erase(request.app[LEDGER], tenant,
                                              record_ids=record_ids or (), subject=subject,
-                                             requested_by=f"key:{key.key_id}"))
+                                             requested_by=f"key:{key.key_id}",
+                                             legal_basis=legal_basis))
     except LedgerError as exc:
         raise problem_for(exc) from exc
     return web.json_response(erasure.to_dict())

@@ -71,9 +71,10 @@ class ReplicaCollector(Collector):
 
     def __init__(self, replica_id: str, holds_lease: Callable[[], bool],
                  last_seal: Callable[[], tuple[float | None, str | None]],
-                 fenced: Callable[[], int]) -> None:
+                 fenced: Callable[[], int],
+                 fences_other_roles: Callable[[], bool | None] = lambda: None) -> None:
         self.replica_id, self.holds_lease, self.last_seal = replica_id, holds_lease, last_seal
-        self.fenced = fenced
+        self.fenced, self.fences_other_roles = fenced, fences_other_roles
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         held = GaugeMetricFamily("audit_lease_held", "1 if this replica holds the integrator "
@@ -84,6 +85,13 @@ class ReplicaCollector(Collector):
                                   "other replicas' writer sessions this replica ended, as "
                                   "lease holder, for holding the sequencer too long",
                                   value=self.fenced())
+        reach = self.fences_other_roles()
+        if reach is not None:  # PostgreSQL, once known
+            yield GaugeMetricFamily("audit_fencing_other_roles",
+                                    "1 if this replica's database role can end stuck writer "
+                                    "sessions of every role; 0 if only its own role's (it "
+                                    "lacks pg_read_all_stats or pg_signal_backend)",
+                                    value=1.0 if reach else 0.0)
         try:
             age, sealed_by = self.last_seal()
         except Exception:  # the database is unreachable: /readyz reports that
@@ -177,6 +185,13 @@ class Metrics:
         self.anchor_backlog = Gauge("audit_anchor_backlog_checkpoints",
                                     "sealed checkpoints not yet anchored",
                                     registry=self.registry)
+        self.anchor_failures = Gauge("audit_anchor_consecutive_failures",
+                                     "anchoring attempts failed in a row (0: the last "
+                                     "one succeeded)", registry=self.registry)
+        self.anchor_conflict = Gauge("audit_anchor_conflict",
+                                     "1 while the anchor holds something that is not a "
+                                     "checkpoint of this log (anchoring stopped; /readyz "
+                                     "names it)", registry=self.registry)
         self.in_model = Gauge("audit_requests_in_model",
                               "requests taken from the queue whose answer is not yet released",
                               registry=self.registry)
@@ -223,5 +238,7 @@ class Metrics:
 
     def bind_replica(self, replica_id: str, holds_lease: Callable[[], bool],
                      last_seal: Callable[[], tuple[float | None, str | None]],
-                     fenced: Callable[[], int]) -> None:
-        self.registry.register(ReplicaCollector(replica_id, holds_lease, last_seal, fenced))
+                     fenced: Callable[[], int],
+                     fences_other_roles: Callable[[], bool | None] = lambda: None) -> None:
+        self.registry.register(ReplicaCollector(replica_id, holds_lease, last_seal, fenced,
+                                                fences_other_roles))

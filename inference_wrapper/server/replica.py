@@ -9,6 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from inference_wrapper.server.appkeys import INTEGRATOR, LEDGER, SETTINGS
+from ledger.store.fencing import FencingReach
 from ledger.store.sql import SqlLedger
 
 
@@ -28,4 +29,14 @@ def replica_status(app: web.Application) -> dict[str, Any]:
     return {"id": integrator.replica_id, "holds_lease": integrator.holds_lease,
             "last_seal_age_s": None if age is None else round(age, 3),
             "latest_sealed_by": sealed_by, "origin": app[SETTINGS].origin,
-            "fenced_writer_sessions": integrator.fenced_sessions}
+            "fenced_writer_sessions": integrator.fenced_sessions,
+            **fencing_status(integrator.fencing_reach)}
+
+
+def fencing_status(reach: FencingReach | None) -> dict[str, Any]:
+    """Whose stuck writers this replica can end (PostgreSQL, once known): a role that
+    lacks pg_read_all_stats or pg_signal_backend fences only replicas of its own role."""
+    if reach is None:
+        return {}
+    return {"fencing": {"other_roles": reach.other_roles, "role": reach.role,
+                        "missing": list(reach.missing)}}

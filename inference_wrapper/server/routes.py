@@ -705,7 +705,10 @@ async def readiness_checks(app: web.Application) -> dict[str, bool]:
 
 async def readyz(request: web.Request) -> web.Response:
     checks = await readiness_checks(request.app)
-    anchor_error = request.app[ANCHOR_WORKER].config_error
+    worker = request.app[ANCHOR_WORKER]
+    # A misconfiguration, or an anchor holding another history than this log's: both
+    # stop anchoring until an operator acts, so both are named here.
+    anchor_error = worker.config_error or worker.conflict
     # Not one of the checks: a planned stop is not downtime in the SLO history.
     shutting_down = request.app[LIFECYCLE].shutting_down
     ready = all(checks.values()) and not shutting_down
@@ -802,7 +805,10 @@ RESPONSES: dict[str, dict[str, Any]] = {
                                      "last_seal_age_s": {"type": ["number", "null"]},
                                      "latest_sealed_by": {"type": ["string", "null"]},
                                      "origin": _STR,
-                                     "fenced_writer_sessions": _INT})}),
+                                     "fenced_writer_sessions": _INT},
+                                    {"fencing": _obj({
+                                        "other_roles": {"type": "boolean"}, "role": _STR,
+                                        "missing": {"type": "array", "items": _STR}})})}),
     "openapi": {"type": "object", "required": ["openapi", "paths"]},
 }
 

@@ -84,6 +84,14 @@ class Settings:
     slo_anchor_lag_budget: float = 0.01
     slo_sample_interval_s: float = 5.0
     keyring_path: Path = DATA_HOME / "vault.keyring"
+    # The log published as C2SP tlog-tiles after each seal: a directory or
+    # s3://bucket/prefix (Object Lock, compliance mode, for tiles_retention_days); "" off.
+    tiles_publish_to: str = ""
+    # The lag rule: an append older than the newest leaf by more than this is refused
+    # (ledger.window.MAX_LAG is what verifiers assume: keep it at or below that).
+    max_created_lag_s: float = 300.0
+    tiles_retention_days: int = 2557
+    tiles_publish_interval_s: float = 5.0
     kek_provider: str = ""  # "package.module:factory" of a KMS-backed KeyEncryptionKeys
 
     @classmethod

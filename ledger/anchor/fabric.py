@@ -57,6 +57,26 @@ class ChaincodeRefusedError(BackendError):
         self.code = head.split(":", 1)[0].strip() if ":" in head else "UNKNOWN"
 
 
+class AnchorConflictError(VerificationError):
+    """The channel holds an anchor of this log that is not a checkpoint of its database
+    (a restored backup, a fork, or an answer that is not an anchor at all)."""
+
+
+def _chain_anchor(latest: dict[str, Any]) -> tuple[int, bytes, str]:
+    """(size, root, tx id) of the chaincode's latest record, strictly read."""
+    size, root, tx_id = latest.get("size"), latest.get("root"), latest.get("txId")
+    if (isinstance(size, bool) or not isinstance(size, int) or size < 0
+            or not isinstance(root, str) or len(root) != 64 or not isinstance(tx_id, str)
+            or not tx_id):
+        raise AnchorConflictError(f"the channel's latest anchor is not one this service "
+                                  f"can read: {str(latest)[:200]}")
+    try:
+        return size, bytes.fromhex(root), tx_id
+    except ValueError as exc:
+        raise AnchorConflictError(f"the channel's latest anchor has root {root[:70]!r}, not "
+                                  "hex") from exc
+
+
 class InvalidTransactionError(BackendError):
     """The transaction was ordered but not valid (e.g. MVCC_READ_CONFLICT)."""
 
@@ -120,8 +140,10 @@ class FabricGateway:
         self.endpoint, self.tls = endpoint, tls_ca is not None
         # gRPC's own reconnect backoff grows to 120 s by default: a peer back after an
         # outage would stay unused for minutes. Our worker backs off itself.
+        # A peer sends messages up to 100 MiB; grpc's default receive limit is 4 MiB.
         options = [("grpc.initial_reconnect_backoff_ms", 200),
-                   ("grpc.max_reconnect_backoff_ms", 5000)]
+                   ("grpc.max_reconnect_backoff_ms", 5000),
+                   ("grpc.max_receive_message_length", 100 * 1024 * 1024)]
         if tls_ca is not None:
             credentials = grpc.ssl_channel_credentials(Path(tls_ca).read_bytes())
             self._grpc = grpc.secure_channel(endpoint, credentials, options=options)
@@ -355,15 +377,22 @@ class FabricAnchor:
 
     def latest_on_chain(self) -> dict[str, Any] | None:
         try:
-            return dict(json.loads(self.gateway.evaluate("GetLatest", self.origin)))
+            raw = self.gateway.evaluate("GetLatest", self.origin)
         except ChaincodeRefusedError as exc:
             if exc.code == "NOT_FOUND":
                 return None
             raise
+        try:
+            latest = json.loads(raw)
+        except ValueError as exc:
+            raise AnchorConflictError("the channel's latest anchor is not JSON") from exc
+        if not isinstance(latest, dict):
+            raise AnchorConflictError("the channel's latest anchor is not a JSON object")
+        return latest
 
     def latest_size(self) -> int:
         latest = self.latest_on_chain()
-        return int(latest["size"]) if latest else 0
+        return _chain_anchor(latest)[0] if latest else 0
 
     def checkpoint(self, size: int) -> dict[str, Any]:
         return dict(json.loads(self.gateway.evaluate("GetCheckpoint", self.origin, str(size))))
@@ -378,32 +407,44 @@ class FabricAnchor:
         local = self.store.latest()
         if latest is None:
             return 0, local
-        size = int(latest["size"])
+        size, root, tx_id = _chain_anchor(latest)
         if local is not None and local.size >= size:
             return size, local
-        note = str(latest["note"]).encode()
-        on_chain = self.verifier.open_checkpoint(note, self.origin)
+        # The chaincode verified the note's signature and the consistency of its size and
+        # root before storing them: those two are what the chain vouches for. The note's
+        # own spelling is not re-read (a copy another channel member re-spelled, which
+        # this parser refuses, must not stop anchoring for good): the store keeps this
+        # database's own note of that size, once its root is the chain's.
         ours = self.ledger.checkpoint(size)
-        if on_chain.size != size or ours is None or ours.root != on_chain.root:
-            # Signed by our key but not a checkpoint of this database: a restored backup
-            # or a fork. Nothing is recorded; an operator must look.
-            raise VerificationError(f"the channel's anchor of size {size} is not a "
-                                    "checkpoint of this log's database")
-        tx_id = str(latest["txId"])
+        if ours is None or ours.root != root:
+            # Not a checkpoint of this database: a restored backup or a fork. Nothing is
+            # recorded; an operator must look (the worker reports it on /readyz).
+            raise AnchorConflictError(f"the channel's anchor of size {size} (root "
+                                      f"{root.hex()[:16]}...) is not a checkpoint of this "
+                                      "log's database")
         block = self.gateway.block_of(tx_id)
         log.info("reconciled anchor of size %d from the channel (tx %s, block %d)",
                  size, tx_id, block)
-        return size, self.store.record(size, note, self.kind, self.ref(tx_id, block))
+        return size, self.store.record(size, ours.note, self.kind, self.ref(tx_id, block))
 
     def submit(self, note: bytes, since: int) -> AnchoredCheckpoint:
         """Submit ``note`` (extending the chain's anchor of size ``since``) and record the
-        transaction that STORED it: on an idempotent re-submission the chaincode answers
-        with the original transaction, not the new one (which stored nothing)."""
+        transaction that STORED it. The chaincode refuses a checkpoint already anchored
+        (ALREADY_ANCHORED, at endorsement: no transaction is ordered); the chain's own
+        record of it is then read and kept."""
         offered = self.verifier.open_checkpoint(note, self.origin)
         proof = (self.ledger.consistency_proof(since, offered.size)
                  if since and offered.size > since else [])
-        tx_id, block, result = self.gateway.submit("AnchorCheckpoint", note.decode(),
-                                                   json.dumps([h.hex() for h in proof]))
+        try:
+            tx_id, block, result = self.gateway.submit("AnchorCheckpoint", note.decode(),
+                                                       json.dumps([h.hex() for h in proof]))
+        except ChaincodeRefusedError as exc:
+            if exc.code != "ALREADY_ANCHORED":
+                raise
+            _, anchored = self.reconcile()
+            if anchored is None or anchored.size < offered.size:
+                raise
+            return anchored
         stored = json.loads(result)
         stored_tx = str(stored.get("txId") or tx_id)
         if int(stored.get("size", offered.size)) != offered.size:
@@ -424,7 +465,8 @@ class FabricAnchor:
             # Lost status, MVCC conflict with another replica, a peer gone mid-call, or
             # ROLLBACK because another replica anchored a newer one since we looked: the
             # chain may hold this checkpoint (or a newer one) all the same.
-            if isinstance(exc, ChaincodeRefusedError) and exc.code != "ROLLBACK":
+            if isinstance(exc, ChaincodeRefusedError) and exc.code not in (
+                    "ROLLBACK", "ALREADY_ANCHORED"):
                 raise
             log.warning("anchoring size %d: %s; reconciling from the channel",
                         offered.size, exc)

@@ -10,20 +10,31 @@ checkpoint waits for no polling interval; the interval is only a safety net. Reg
 with the anchor (Fabric's ``InitLog``) happens here, with the same backoff, so the service
 starts and serves (under its keep-serving or fail-closed policy) while the anchor is
 unreachable. A configuration error (unknown channel or chaincode) is kept in
-``config_error`` for /readyz and retried only after a long pause.
+``config_error`` for /readyz and retried only after a long pause; so is a conflict (the
+anchor holds something that is not a checkpoint of this log: a restored backup, a fork),
+kept in ``conflict``: retrying soon cannot fix either, and both need an operator.
+
+The backlog and lag that /metrics and /readyz show are re-read from the database every
+``refresh_s`` while the worker waits or backs off, not only when it anchors: an outage
+shows its growing backlog as it grows.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
 from ledger.anchor.store import AnchorStore, SqlAnchorStore
-from ledger.errors import BackendConfigurationError, BackendUnavailableError
+from ledger.errors import (
+    BackendConfigurationError,
+    BackendUnavailableError,
+    VerificationError,
+)
 from ledger.store.sql import SqlLedger
 
 log = logging.getLogger(__name__)
@@ -54,7 +65,7 @@ class AnchorWorker:
                  max_backoff_s: float = 30.0, config_backoff_s: float = 300.0,
                  lag_slo_s: float = 10.0, policy: str = "keep-serving",
                  store: AnchorStore | None = None,
-                 leader: Callable[[], bool] | None = None) -> None:
+                 leader: Callable[[], bool] | None = None, refresh_s: float = 1.0) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}")
         self.ledger, self.anchor = ledger, anchor
@@ -69,6 +80,8 @@ class AnchorWorker:
         self.failures = 0
         self.prepared = False
         self.config_error: str | None = None  # shown by /readyz until anchoring works
+        self.conflict: str | None = None  # likewise: the anchor holds another history
+        self.refresh_s = refresh_s
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._running = threading.Lock()  # one anchoring attempt at a time per process
@@ -138,13 +151,29 @@ class AnchorWorker:
         if self._thread is not None:
             self._thread.join()
 
+    def _pause(self, wait: float) -> None:
+        """Wait ``wait`` seconds (a wake ends it unless backing off), refreshing the
+        remembered state every ``refresh_s`` meanwhile."""
+        deadline = time.monotonic() + wait
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            event = self._stop if self.failures else self._wake  # backing off: no wake
+            if event.wait(min(left, self.refresh_s)):
+                return
+            self._refresh()
+
+    def _refresh(self) -> None:
+        try:
+            self.status()
+        except Exception:  # the database is away: keep the last known state
+            log.debug("could not refresh the anchoring state", exc_info=True)
+
     def _loop(self) -> None:
         wait = 0.0  # register (and anchor any backlog) at once
         while not self._stop.is_set():
-            if self.failures:
-                self._stop.wait(wait)  # backing off: a seal does not cut the pause short
-            else:
-                self._wake.wait(wait)
+            self._pause(wait)
             if self._stop.is_set():
                 break
             self._wake.clear()  # cleared BEFORE reading the newest checkpoint: no lost wake
@@ -154,6 +183,13 @@ class AnchorWorker:
                 if self.leader is None or self.leader():
                     self.run_once()
                 self.failures, wait, self.config_error = 0, self.interval_s, None
+                self.conflict = None
+            except VerificationError as exc:
+                self.failures += 1
+                self.conflict = str(exc)
+                wait = self.config_backoff_s
+                log.error("anchoring stopped: %s; an operator must look (retrying in %.0f s)",
+                          exc, wait)
             except BackendConfigurationError as exc:
                 self.failures += 1
                 self.config_error = str(exc)

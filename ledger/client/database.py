@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from ledger.anchor.store import SqlAnchorStore
-from ledger.client.sources import RecordEvidence, RecordNotFoundError, StoredLeaf
+from ledger.client.sources import (
+    ProofUnavailableError,
+    RecordEvidence,
+    RecordNotFoundError,
+    StoredLeaf,
+)
 from ledger.errors import BackendError, InvalidInputError
 from ledger.store.sql import SqlLedger
 from ledger.witness.cosignatures import cosigned_note
@@ -36,15 +41,28 @@ class DatabaseSource:
                        ) -> list[bytes]:
         return self.ledger.inclusion_proof(leaf_index, size)
 
-    def inclusion(self, record: RecordEvidence) -> tuple[list[bytes], bytes]:
+    def inclusion(self, record: RecordEvidence) -> tuple[list[bytes] | None, bytes]:
+        """The proof (None when the log's tree lacks a node, or is smaller than its
+        checkpoint: ``log_size`` says which) and the cosigned checkpoint note."""
         latest = self.ledger.latest_checkpoint()
         if latest is None or latest.size <= record.leaf_index:
             raise BackendError(f"record {record.record_id} is not yet covered by a checkpoint")
-        return (self.ledger.inclusion_proof(record.leaf_index, latest.size),
-                cosigned_note(self.ledger, latest.size, latest.note))
+        note = cosigned_note(self.ledger, latest.size, latest.note)
+        if latest.size > self.log_size():
+            return None, note
+        try:
+            return self.ledger.inclusion_proof(record.leaf_index, latest.size), note
+        except LookupError:
+            return None, note
+
+    def log_size(self) -> int:
+        return self.ledger.tree_head()[0]
 
     def consistency(self, size1: int, size2: int) -> list[bytes]:
-        return self.ledger.consistency_proof(size1, size2)
+        try:
+            return self.ledger.consistency_proof(size1, size2)
+        except LookupError as exc:  # a damaged tree: the source cannot prove it (check 4)
+            raise ProofUnavailableError(f"the log's tree lacks a node: {exc}") from exc
 
     def anchored(self) -> tuple[bytes, str] | None:
         latest = SqlAnchorStore(self.ledger).latest()

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ledger.canonical import parse_strict, strict_int
 from ledger.checkpoint import Checkpoint
+from ledger.client import safe_http
 from ledger.errors import (
     BackendError,
     BackendUnavailableError,
@@ -49,9 +49,13 @@ class RecordNotFoundError(BackendError):
     """The source has no such record (or will not say it has)."""
 
 
+class ProofUnavailableError(BackendError):
+    """The source answered but cannot produce the proof (e.g. its tree lacks a node)."""
+
+
 class EvidenceSource(Protocol):
     def record(self, record_id: str) -> RecordEvidence: ...
-    def inclusion(self, record: RecordEvidence) -> tuple[list[bytes], bytes]: ...
+    def inclusion(self, record: RecordEvidence) -> tuple[list[bytes] | None, bytes]: ...
     def leaf_inclusion(self, record: RecordEvidence, leaf_index: int, size: int
                        ) -> list[bytes]: ...
     def consistency(self, size1: int, size2: int) -> list[bytes]: ...
@@ -80,11 +84,18 @@ def gather(source: EvidenceSource, record_id: str,
     environment: LeafEvidence | None = None
     if record.environment is not None:
         size_now = _size(note)
+        environment_proof: list[bytes] = []
+        if size_now is not None:
+            try:
+                environment_proof = source.leaf_inclusion(
+                    record, record.environment.leaf_index, size_now)
+            except BackendUnavailableError:
+                raise
+            except (BackendError, InvalidInputError, LookupError):
+                pass  # no proof: check 2 fails on the environment leaf and says so
         environment = LeafEvidence(
             record.environment.leaf_index, record.environment.envelope,
-            record.environment.body,
-            [] if size_now is None else source.leaf_inclusion(
-                record, record.environment.leaf_index, size_now))
+            record.environment.body, environment_proof)
     anchored = anchor_reader() if anchor_reader is not None else source.anchored()
     anchor_consistency: list[bytes] | None = []
     seen_consistency: list[bytes] | None = []
@@ -108,6 +119,7 @@ def gather(source: EvidenceSource, record_id: str,
         log_leaf_hash=record.log_leaf_hash,
         anchor_from_fabric=anchor_reader is not None and anchored is not None,
         body=record.body, environment=environment,
+        log_size=source.log_size() if hasattr(source, "log_size") else None,
     )
 
 
@@ -157,11 +169,9 @@ class ServerSource:
         url = self.base_url + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
-        request = urllib.request.Request(url, headers={
-            "Authorization": f"Bearer {self.api_key}", "Accept": "application/json"})
+        headers = {"Authorization": f"Bearer {self.api_key}", "Accept": "application/json"}
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                answer = json.loads(response.read())
+            answer = parse_strict(safe_http.get(url, headers, self.timeout_s))
             if not isinstance(answer, dict):
                 raise ValueError("not a JSON object")
             return answer
@@ -169,7 +179,7 @@ class ServerSource:
             raise MalformedAnswerError(f"{path}: the server's answer is not evidence "
                                        f"({exc})") from exc
         except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:300]
+            detail = exc.read(300).decode(errors="replace")
             if exc.code == 404:
                 raise RecordNotFoundError(f"{path}: not found ({detail})") from exc
             if exc.code in (401, 403):
@@ -184,15 +194,17 @@ class ServerSource:
         proof = self.get(f"/v1/records/{quoted}/proof")
         self._proofs[record_id] = proof
         with _fields(f"/v1/records/{quoted}"):
+            anchor_ref = body.get("anchor_ref")
             environment = body.get("environment")
             return RecordEvidence(
                 record_id, base64.b64decode(body["canonical_base64"], validate=True),
-                int(body["leaf_index"]), bytes.fromhex(proof["leaf_hash"]),
-                body.get("anchor_ref"),
+                strict_int(body["leaf_index"], "leaf_index"),
+                bytes.fromhex(proof["leaf_hash"]),
+                None if anchor_ref is None else str(anchor_ref),
                 base64.b64decode(body["body_base64"], validate=True)
                 if "body_base64" in body else None,
                 None if environment is None else StoredLeaf(
-                    int(environment["leaf_index"]),
+                    strict_int(environment["leaf_index"], "environment.leaf_index"),
                     base64.b64decode(environment["envelope_base64"], validate=True),
                     base64.b64decode(environment["body_base64"], validate=True)))
 
@@ -203,7 +215,8 @@ class ServerSource:
         proof = self._proofs.get(record.record_id) or self.get(path)
         with _fields(path):
             environment = proof["environment"]
-            if int(environment["leaf_index"]) != leaf_index or int(proof["tree_size"]) != size:
+            if (strict_int(environment["leaf_index"], "environment.leaf_index") != leaf_index
+                    or strict_int(proof["tree_size"], "tree_size") != size):
                 raise MalformedAnswerError(f"{path}: the environment proof is for leaf "
                                            f"{environment['leaf_index']} at size "
                                            f"{proof['tree_size']}")

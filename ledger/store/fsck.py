@@ -14,7 +14,11 @@ record_unparseable, column_mismatch, node_mismatch, node_missing, root_mismatch,
 checkpoint_signature, checkpoint_root_mismatch, checkpoint_beyond_log, checkpoint_missing,
 checkpoint_size_mismatch, anchor_signature, anchor_size_mismatch, anchor_checkpoint_missing,
 anchor_checkpoint_mismatch, anchor_root_mismatch, anchor_beyond_log, anchor_order,
-anchor_ref_missing, anchor_ref_mismatch.
+anchor_ref_missing, anchor_ref_mismatch, cosignature_malformed, cosignature_orphan.
+
+Cosignature lines (the ``cosignatures`` table) must each be one well-formed signature
+line naming its witness and belong to a stored checkpoint; whether a witness's signature
+holds is for verifiers, who pin the witnesses' keys.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ from sqlalchemy import select
 from ledger import merkle
 from ledger.audit import column_findings
 from ledger.checkpoint import Checkpoint, NoteVerifier
+from ledger.cosignature import well_formed_line
 from ledger.errors import LedgerError
-from ledger.store.schema import anchors
+from ledger.store.schema import anchors, cosignatures
 from ledger.store.sql import RecordRow, SqlLedger
 
 BATCH = 5000
@@ -215,6 +220,7 @@ def fsck(
                 f"{roots_at.get(checkpoint.size, merkle.EMPTY_ROOT).hex()}"))
         signed[checkpoint.size] = body
     _check_anchors(anchor_rows, verifier, signed, coverage, roots_at, size, report)
+    _check_cosignatures(ledger, coverage, report)
 
     # The newest checkpoint the log claims to have sealed must still be there (deleting
     # it would silently roll the log back). A log that never sealed (a writer killed
@@ -226,6 +232,24 @@ def fsck(
             "the latest checkpoint the rows or anchors say was sealed is not in the "
             "checkpoints table"))
     return report
+
+
+def _check_cosignatures(ledger: SqlLedger, coverage: _Coverage, report: FsckReport) -> None:
+    with ledger.engine.connect() as conn:
+        rows = conn.execute(select(cosignatures.c.checkpoint_size, cosignatures.c.witness,
+                                   cosignatures.c.line)
+                            .order_by(cosignatures.c.checkpoint_size, cosignatures.c.witness))
+        for size, witness, line in rows:
+            where = f"cosignature of checkpoint {size} by {witness}"
+            text = str(line)
+            if not well_formed_line(text) or text.split(" ")[1:2] != [str(witness)]:
+                report.findings.append(Finding(
+                    "cosignature_malformed", where,
+                    f"not one signature line in the witness's name: {text[:60]!r} (left "
+                    "out of served notes)"))
+            elif int(size) not in coverage.known_checkpoints:
+                report.findings.append(Finding("cosignature_orphan", where,
+                                               "no checkpoint of that size is stored"))
 
 
 def _check_anchors(anchor_rows: list[_Anchor], verifier: NoteVerifier,

@@ -15,10 +15,9 @@ every seal, so a replica that wakes up after losing its session seals nothing.
 
 The holder also fences: on every tick it ends other processes' writer sessions that hold
 the ``tree_state`` row while waiting too long on their client
-(``SqlLedger.fence_stuck_writers``). A replica frozen
-between statements is ended by the server's idle-in-transaction timeout anyway, but one
-frozen in the middle of a pipelined insert leaves its session "active" with no timeout
-armed, and only a terminate frees the sequencer then.
+(``ledger.store.fencing``). A replica frozen between statements is ended by the server's
+idle-in-transaction timeout anyway, but one frozen while still sending a statement leaves
+its session "active" with no timeout armed, and only a terminate frees the sequencer then.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from sqlalchemy.exc import DBAPIError
 
 from ledger.checkpoint import NoteSigner
 from ledger.errors import BackendError, SequencerBusyError
+from ledger.store.fencing import FencingReach
 from ledger.store.sql import SqlLedger, StoredCheckpoint, make_engine
 
 log = logging.getLogger(__name__)
@@ -184,6 +184,8 @@ class Integrator:
         self._thread: threading.Thread | None = None
         self._on_seal: list[Callable[[StoredCheckpoint], None]] = []
         self.fenced_sessions = 0  # other replicas' stuck writer sessions this one ended
+        # Whose stuck writers this replica's role can end (PostgreSQL; None until known).
+        self.fencing_reach: FencingReach | None = None
 
     def subscribe(self, callback: Callable[[StoredCheckpoint], None]) -> None:
         """Call ``callback`` after each checkpoint this integrator seals (the anchoring
@@ -236,7 +238,23 @@ class Integrator:
         """False only if the thread ended without being asked to stop."""
         return self._thread is None or self._thread.is_alive() or self._stop.is_set()
 
+    def check_fencing_reach(self) -> FencingReach | None:
+        """Learn (once) whose stuck writers this replica can fence, and warn if only its
+        own role's: it would otherwise silently never fence replicas of another role."""
+        if self.fencing_reach is not None or not self.ledger.is_postgres:
+            return self.fencing_reach
+        try:
+            reach = self.ledger.fencing_reach()
+        except (DBAPIError, BackendError):
+            log.warning("cannot check this replica's fencing roles yet; retrying")
+            return None
+        if reach is not None and not reach.other_roles:
+            log.warning("fencing limited: %s", reach.describe())
+        self.fencing_reach = reach
+        return reach
+
     def start(self) -> Integrator:
+        self.check_fencing_reach()
         self._thread = threading.Thread(target=self._loop, name="integrator", daemon=True)
         self._thread.start()
         return self
@@ -256,6 +274,7 @@ class Integrator:
         last_seal = 0.0
         while not self._stop.wait(self._tick_s):
             try:
+                self.check_fencing_reach()  # until known (the database may be away)
                 if time.monotonic() - last_seal >= self.interval_s:
                     last_seal = time.monotonic()
                     self.seal_now()

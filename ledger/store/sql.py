@@ -8,8 +8,9 @@ append's future resolves only after its transaction has committed.
 
 Every PostgreSQL session has bounded waits (``PgSessionSettings``): a lock wait, an idle
 transaction and a statement all end after a set time, and TCP keepalives notice a peer
-that vanished. A replica that freezes while it holds ``tree_state`` therefore stops the
-others only until its idle transaction is ended by the server (2 s by default).
+that vanished. A replica that freezes between statements while it holds ``tree_state``
+stops the others only until the server ends its idle transaction (2 s by default); one
+frozen while still sending a statement is fenced (``ledger.store.fencing``).
 """
 
 from __future__ import annotations
@@ -17,14 +18,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import os
 import queue
-import secrets
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -39,7 +38,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.pool import NullPool
 
 from ledger import merkle
@@ -57,16 +56,18 @@ from ledger.leaves.body_codec import pack_body, unpack_body
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.mirror import environment_row, leaf_columns
 from ledger.record import AuditRecord, mirror_columns
+from ledger.store import fencing
+from ledger.store.fencing import PROCESS_TAG
+from ledger.store.file_modes import private_sqlite_files
 from ledger.store.schema import checkpoints, environments, log_meta, records, tree_state
 
 log = logging.getLogger(__name__)
 
 MAX_GROUP = 4096  # appends per transaction at most
-# Names this process's PostgreSQL sessions (``application_name``), so a lease holder can
-# tell another process's stuck writer from its own (see ``SqlLedger.fence_stuck_writers``).
 LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE for a lock_timeout
-PROCESS_TAG = f"{os.getpid()}-{secrets.token_hex(4)}"
-WRITER_APPLICATION_PREFIX = "audit-ledger/writer/"
+# Rows per multi-row INSERT on PostgreSQL: well under its 65,535 parameters a statement.
+PG_NODE_ROWS_PER_STATEMENT = 8192
+PG_RECORD_ROWS_PER_STATEMENT = 2048
 QUERY_FILTERS = ("tenant", "model_digest", "accelerator_model", "driver_version",
                  "service_revision")
 # Filters a v2 record answers through its environment (``environments``).
@@ -128,10 +129,12 @@ class PgSessionSettings:
     - ``fence_after_s``: the lease holder ends (``pg_terminate_backend``) another
       process's writer session that holds the ``tree_state`` row and has waited on its
       client this long since its last statement (``SqlLedger.fence_stuck_writers``). The
-      idle-in-transaction timeout cannot end every frozen writer: one frozen in the middle
-      of a pipelined batch (psycopg's ``executemany``) leaves its session "active",
-      waiting for the rest of the batch, and the server arms that timeout only between
-      complete requests. Healthy writers wait on their client for milliseconds.
+      idle-in-transaction timeout cannot end every frozen writer: one frozen while it was
+      still sending a statement leaves its session "active", waiting for the rest of the
+      request, and the server arms that timeout only between complete requests (a writer
+      frozen between its statements, even right after a bulk insert, is ended by the
+      timeout: see ``SqlLedger._insert_rows``). Healthy writers wait on their client for
+      milliseconds.
     - ``lease_ttl_s``: the lease session is ended by the server when it has not been
       renewed for this long (``idle_session_timeout``); the holder renews it at least
       three times per TTL, so another replica takes the lease at most this long (plus one
@@ -241,6 +244,7 @@ def make_engine(url: str, *, writer: bool = False, sqlite_synchronous: str = "FU
     if sqlite_synchronous not in ("FULL", "NORMAL"):
         raise ValueError("sqlite_synchronous is FULL or NORMAL")
     if url.startswith("sqlite"):
+        private_sqlite_files(url)  # 0600 before SQLite creates it (and its -wal, -shm)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
                                hide_parameters=True)  # errors never carry record bytes
 
@@ -319,8 +323,13 @@ class SqlLedger:
     """Journal, tree, checkpoints and mirror in one SQL database."""
 
     def __init__(self, url: str, *, sqlite_synchronous: str = "FULL",
-                 pg: PgSessionSettings | None = None) -> None:
+                 pg: PgSessionSettings | None = None,
+                 max_created_lag: timedelta | None = None) -> None:
         self.url = url
+        # The lag rule (ledger.window): no leaf older than the newest before it by more
+        # than this; None leaves it unchecked (tools and tests that write history).
+        self.max_created_lag = max_created_lag
+        self._newest: datetime | None = None
         self.is_postgres = url.startswith("postgresql")
         self.pg = pg or PgSessionSettings()
         self.engine = make_engine(url, pg=self.pg)
@@ -346,6 +355,9 @@ class SqlLedger:
             f"INSERT INTO records ({', '.join(RECORD_INSERT_COLUMNS)}) "
             f"VALUES ({', '.join([mark] * len(RECORD_INSERT_COLUMNS))})"
         )
+        self._node_insert_head = "INSERT INTO tree_nodes (level, idx, hash) VALUES "
+        self._record_insert_head = (
+            f"INSERT INTO records ({', '.join(RECORD_INSERT_COLUMNS)}) VALUES ")
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -566,6 +578,10 @@ class SqlLedger:
             if compact is None or compact.size != size:
                 # Another process appended, or we just started: reload O(log n) nodes.
                 compact = merkle.CompactRange.load(size, lambda keys: _read_nodes(conn, keys))
+                if self.max_created_lag is not None:
+                    newest = conn.exec_driver_sql("SELECT max(created_at) FROM records").scalar()
+                    self._newest = (parse_timestamp(newest) if isinstance(newest, str)
+                                    else newest)
 
             ids = list({p.record.record_id for p in group}) if look_up_ids else []
             existing = {
@@ -600,6 +616,14 @@ class SqlLedger:
                                  in compact.append(record.leaf_hash))
                 columns = row_columns(record)
                 stamp = columns["created_at"]
+                if self.max_created_lag is not None:
+                    moment = parse_timestamp(stamp)
+                    if self._newest is not None and moment < self._newest - self.max_created_lag:
+                        results.append(InvalidInputError(
+                            "created_at", f"{stamp} is more than {self.max_created_lag} before "
+                            "the newest leaf's time (the lag rule keeps windows provable)"))
+                        continue
+                    self._newest = max(moment, self._newest or moment)
                 if stamp not in created_at:  # a batch's records share one timestamp
                     created = parse_timestamp(stamp)
                     # SQLite keeps DATETIME as text in SQLAlchemy's own format.
@@ -615,12 +639,9 @@ class SqlLedger:
                 assigned[record.record_id] = receipt
                 results.append(receipt)
             if record_rows:
-                # Plain executemany: node rows are ints and bytes on every driver, and
-                # SQLAlchemy's per-row parameter processing cost more than the insert.
-                conn.exec_driver_sql(self._node_insert_sql, node_rows)
-                conn.exec_driver_sql(self._record_insert_sql, record_rows)
+                self._insert_rows(conn, node_rows, record_rows)
                 if environment_rows:  # rare: an engine started or changed
-                    conn.execute(environments.insert(), environment_rows)
+                    conn.execute(environments.insert().values(environment_rows))  # one request
                 conn.exec_driver_sql(
                     f"UPDATE tree_state SET size = {mark}, root = {mark} WHERE id = 1",
                     (compact.size, compact.root()))
@@ -628,60 +649,45 @@ class SqlLedger:
         self.groups_committed += 1
         return results
 
+    def _insert_rows(self, conn: Connection, node_rows: list[tuple[int, int, bytes]],
+                     record_rows: list[tuple[Any, ...]]) -> None:
+        """Insert a group's tree nodes and mirror rows.
+
+        On PostgreSQL each chunk is one multi-row ``INSERT`` sent as one complete request
+        (ending with ``Sync``), never ``executemany``: psycopg pipelines that and ends it
+        with ``Sync`` then ``Flush``, and the server arms the idle-in-transaction timeout
+        only when it reads a message while ready for a query. The trailing ``Flush`` is
+        read first and disarms it, so a writer frozen right after its bulk insert kept
+        the sequencer row until fenced (decision 0028). SQLite has no such timer; its
+        plain ``executemany`` stays (SQLAlchemy's per-row processing costs more).
+        """
+        if not self.is_postgres:
+            conn.exec_driver_sql(self._node_insert_sql, node_rows)
+            conn.exec_driver_sql(self._record_insert_sql, record_rows)
+            return
+        for sql, rows, per_statement in (
+            (self._node_insert_head, node_rows, PG_NODE_ROWS_PER_STATEMENT),
+            (self._record_insert_head, record_rows, PG_RECORD_ROWS_PER_STATEMENT),
+        ):
+            width = len(rows[0])
+            one_row = "(" + ", ".join(["%s"] * width) + ")"
+            for start in range(0, len(rows), per_statement):
+                chunk = rows[start:start + per_statement]
+                values = ", ".join([one_row] * len(chunk))
+                conn.exec_driver_sql(sql + values,
+                                     tuple(value for row in chunk for value in row))
+
     # --- fencing ----------------------------------------------------------------------
 
     def fence_stuck_writers(self, older_than_s: float) -> list[tuple[int, str, float]]:
-        """End other processes' writer sessions stuck holding the sequencer row.
-
-        A session qualifies when it belongs to another process's writer, holds the
-        sequencer row (a row-level lock mode on ``tree_state``: ``FOR UPDATE`` or an
-        ``UPDATE``, not a plain read), and has been waiting on its client (idle inside
-        its transaction, or in the middle of a pipelined request) for more than
-        ``older_than_s`` since its last statement began. So a writer that queued for the
-        row and has just got it (it has just run a statement) and a writer running a
-        long statement (not waiting on its client) never qualify; a frozen one does.
-
-        Its transaction is rolled back, so nothing it had not committed was acknowledged.
-        ``pg_terminate_backend`` acts even on a session blocked reading from or writing to
-        a frozen client, where a cancel (or ``statement_timeout``) would not. A session
-        this role may not see or signal (another role without ``pg_read_all_stats`` and
-        ``pg_signal_backend``; a superuser's) is skipped, and a refusal is logged.
-        Returns (pid, application name, seconds since its last statement) for each one
-        ended. PostgreSQL only; the caller is the lease holder, so one replica fences.
-        """
+        """See ``ledger.store.fencing.fence_stuck_writers``; nothing on SQLite."""
         if not self.is_postgres:
             return []
-        candidates = text(
-            "SELECT a.pid, a.application_name, EXTRACT(EPOCH FROM clock_timestamp()"
-            " - GREATEST(a.query_start, a.state_change))::float8 AS quiet_s"
-            " FROM pg_stat_activity a"
-            " WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()"
-            " AND starts_with(a.application_name, :prefix) AND a.application_name <> :own"
-            " AND (a.state LIKE 'idle in transaction%' OR a.wait_event_type = 'Client')"
-            " AND GREATEST(a.query_start, a.state_change)"
-            "     < clock_timestamp() - make_interval(secs => :after)"
-            " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.granted"
-            " AND l.relation = 'tree_state'::regclass AND l.mode <> 'AccessShareLock')"
-        )
-        ended: list[tuple[int, str, float]] = []
-        with self.engine.connect() as conn:
-            rows = conn.execute(candidates, {"prefix": WRITER_APPLICATION_PREFIX,
-                                             "own": WRITER_APPLICATION_PREFIX + PROCESS_TAG,
-                                             "after": older_than_s}).all()
-            conn.rollback()
-            for row in rows:
-                try:
-                    done = conn.execute(text("SELECT pg_terminate_backend(:pid)"),
-                                        {"pid": row.pid}).scalar()
-                    conn.commit()
-                except DBAPIError as exc:  # e.g. a superuser's session: not ours to end
-                    conn.rollback()
-                    log.warning("cannot end stuck writer session %d (%s): %s", row.pid,
-                                row.application_name, str(exc.orig).splitlines()[0][:200])
-                    continue
-                if done:
-                    ended.append((int(row.pid), str(row.application_name), float(row.quiet_s)))
-        return ended
+        return fencing.fence_stuck_writers(self.engine, older_than_s)
+
+    def fencing_reach(self) -> fencing.FencingReach | None:
+        """Whose stuck writers this replica's role can end; None on SQLite (no fencing)."""
+        return fencing.fencing_reach(self.engine) if self.is_postgres else None
 
     # --- reading the tree -----------------------------------------------------------
 

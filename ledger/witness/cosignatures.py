@@ -9,7 +9,7 @@ from __future__ import annotations
 from sqlalchemy import Engine, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from ledger.cosignature import add_cosignatures
+from ledger.cosignature import add_cosignatures, well_formed_line
 from ledger.store.schema import cosignatures
 from ledger.store.sql import SqlLedger
 
@@ -53,6 +53,8 @@ def latest_cosigned_size(engine: Engine, witness: str) -> int | None:
 
 
 def cosigned_note(ledger: SqlLedger, size: int, note: bytes) -> bytes:
-    """The log-signed ``note`` of checkpoint ``size`` with its cosignature lines appended."""
-    lines = cosignature_lines(ledger.engine, size)
+    """The log-signed ``note`` of checkpoint ``size`` with its cosignature lines appended
+    (a malformed stored line is left out: ``log fsck`` reports it)."""
+    lines = [line for line in cosignature_lines(ledger.engine, size)
+             if well_formed_line(line)]
     return add_cosignatures(note, lines) if lines else note

@@ -9,12 +9,14 @@ COMPLETED) against an in-memory world state.
 Faithful: transaction id = hex(SHA-256(nonce || creator)); ECDSA P-256 signatures checked
 on proposals, envelopes and commit-status requests, high-S rejected; the chaincode
 header extension must name the chaincode; Evaluate errors are UNKNOWN "chaincode
-response 500, <message>"; Endorse errors are ABORTED with a gateway.ErrorDetail; Endorse
-returns an unsigned envelope whose payload header is the proposal's header; Submit of an
-unsigned envelope is INVALID_ARGUMENT, of one signed by another identity ABORTED (the
-transaction id stays usable); a resubmitted committed envelope succeeds; CommitStatus
-waits until commit (DEADLINE_EXCEEDED for unknown ids) and reports MVCC_READ_CONFLICT as
-a result code with a block number; an unknown channel is UNAVAILABLE on Evaluate and
+response 500, <message>" with a gateway.ErrorDetail, as are Endorse errors (ABORTED);
+Endorse returns an unsigned envelope whose payload header is the proposal's header; Submit
+of an unsigned envelope is INVALID_ARGUMENT, of one signed by another identity ABORTED
+with the orderer's FORBIDDEN text and no ErrorDetail (the transaction id stays usable);
+messages up to 100 MiB, as a real peer; TLS when started with a certificate; a
+resubmitted committed envelope succeeds; CommitStatus waits until commit
+(DEADLINE_EXCEEDED for unknown ids) and reports MVCC_READ_CONFLICT as a result code
+with a block number; an unknown channel is UNAVAILABLE on Evaluate and
 FAILED_PRECONDITION on Endorse, in the real gateway's words.
 
 Ordering is modelled by a batch cutter: Submit queues the envelope; a block is cut when
@@ -43,8 +45,8 @@ Differences from a real peer, on purpose (not modelled):
 - bookmarks: paginated ranges restart after the bookmark key; the peer's exact bookmark
   encoding and its cap on page sizes are not reproduced;
 - no private data, no ``_lifecycle`` read in the read set, no ChaincodeEvents or block
-  event streams, no TLS, other qscc functions (GetChainInfo, GetBlockByNumber,
-  GetTransactionByID) not served;
+  event streams, TLS only when asked for (``tls``), other qscc functions
+  (GetChainInfo, GetBlockByNumber, GetTransactionByID) not served;
 - an unknown transaction id in qscc answers like the peer's "entry not found" but the
   wording of the real message is approximated.
 """
@@ -402,9 +404,11 @@ class GatewayDouble(gateway_pb2_grpc.GatewayServicer):  # type: ignore[misc]
             run = self.cc.execute(self.state, self.channel, channel_header.tx_id,
                                   request.proposed_transaction, args)
         if run.response.status >= 400:
+            # The real gateway attaches an ErrorDetail to Evaluate errors too.
             raise ProtocolError(grpc.StatusCode.UNKNOWN, "evaluate call to endorser returned "
                                 f"error: chaincode response {run.response.status}, "
-                                f"{run.response.message}")
+                                f"{run.response.message}", f"chaincode response "
+                                f"{run.response.status}, {run.response.message}")
         return gateway_pb2.EvaluateResponse(result=run.response)
 
     def _qscc(self, args: list[bytes]) -> Any:
@@ -502,9 +506,13 @@ class GatewayDouble(gateway_pb2_grpc.GatewayServicer):  # type: ignore[misc]
         try:
             verify_signature(signature_header.creator, envelope.payload, envelope.signature)
         except (InvalidSignature, ValueError) as exc:
+            # The orderer's refusal: ABORTED with the FORBIDDEN text in the status message
+            # and, unlike the gateway's own errors, no ErrorDetail attached.
             raise ProtocolError(
-                grpc.StatusCode.ABORTED, "failed to submit transaction",
-                f"FORBIDDEN: implicit policy evaluation failed - Writers: {exc}") from exc
+                grpc.StatusCode.ABORTED, "failed to submit transaction: orderer answered "
+                "FORBIDDEN: implicit policy evaluation failed - 0 sub-policies were "
+                f"satisfied, but this policy requires 1 of the 'Writers' sub-policies ({exc})"
+            ) from exc
         with self.commit_lock:
             # A committed envelope submitted again is accepted and ordered again (the
             # peer marks that copy DUPLICATE_TXID); an unknown one was never endorsed.
@@ -564,13 +572,18 @@ class GatewayDouble(gateway_pb2_grpc.GatewayServicer):  # type: ignore[misc]
             context.abort(error.code, error.message)
 
 
+MAX_MESSAGE_BYTES = 100 * 1024 * 1024
+
+
 class PeerDouble:
     """Starts the chaincode server (Node) and the Gateway double; stop() ends both."""
 
     def __init__(self, channel: str, chaincode_name: str, mspid: str,
                  peer_identity: tuple[bytes, ec.EllipticCurvePrivateKey],
-                 gateway_port: int, chaincode_port: int, batch_timeout_s: float = 0.0) -> None:
+                 gateway_port: int, chaincode_port: int, batch_timeout_s: float = 0.0,
+                 tls: tuple[bytes, bytes] | None = None) -> None:
         self.channel, self.chaincode_name, self.mspid = channel, chaincode_name, mspid
+        self.tls = tls  # (certificate PEM, key PEM): serve TLS as a real peer does
         self.peer_identity = peer_identity
         self.gateway_port, self.chaincode_port = gateway_port, chaincode_port
         self.batch_timeout_s = batch_timeout_s
@@ -602,9 +615,16 @@ class PeerDouble:
                                 self.peer_identity, ledger=ledger,
                                 batch_timeout_s=self.batch_timeout_s)
         self.gateway = gateway
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+        # A real peer accepts and sends messages up to 100 MiB (grpc's default is 4 MiB).
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
         gateway_pb2_grpc.add_GatewayServicer_to_server(gateway, self.server)
-        self.server.add_insecure_port(self.endpoint)
+        if self.tls is None:
+            self.server.add_insecure_port(self.endpoint)
+        else:
+            credentials = grpc.ssl_server_credentials([(self.tls[1], self.tls[0])])
+            self.server.add_secure_port(self.endpoint, credentials)
         self.server.start()
         return self
 

@@ -89,9 +89,17 @@ def test_anchor_on_a_real_network(network: dict[str, str]) -> None:
     tx_id, block, _ = gateway.submit("AnchorCheckpoint", note, "[]")
     assert json.loads(gateway.evaluate("GetLatest", origin))["txId"] == tx_id and block > 0
     assert gateway.block_of(tx_id) == block  # qscc on the channel agrees with CommitStatus
-    # The same checkpoint again: accepted, answered with the ORIGINAL transaction.
-    _, _, again = gateway.submit("AnchorCheckpoint", note, "[]")
-    assert json.loads(again)["txId"] == tx_id
+    # The same checkpoint again: refused at endorsement (nothing ordered), naming the
+    # ORIGINAL transaction.
+    with pytest.raises(ChaincodeRefusedError) as again:
+        gateway.submit("AnchorCheckpoint", note, "[]")
+    assert again.value.code == "ALREADY_ANCHORED" and tx_id in str(again.value)
+    # The front-running jam: the note re-spelled (a junk character in the signature's
+    # base64, which a lenient decoder skips) is refused by the real chaincode.
+    head, blob = note.rstrip("\n").rsplit(" ", 1)
+    with pytest.raises(ChaincodeRefusedError) as jam:
+        gateway.submit("AnchorCheckpoint", f"{head} {blob[:10]}!{blob[10:]}\n", "[]")
+    assert jam.value.code == "MALFORMED"
     with pytest.raises(ChaincodeRefusedError) as info:
         gateway.submit("AnchorCheckpoint", signer.sign_checkpoint(
             Checkpoint(origin, 3, tree.root(3))).decode(), "[]")

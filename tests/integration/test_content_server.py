@@ -142,20 +142,28 @@ async def test_no_output_when_the_vault_cannot_keep_the_content(service: Any) ->
     assert app[LEDGER].tree_head()[0] == size + 1  # the record itself is in the log
 
 
-async def test_erasure_also_forgets_the_stored_idempotent_answer(service: Any) -> None:
+async def test_erasure_turns_the_stored_idempotent_answer_into_410(service: Any) -> None:
     client, app, tokens = service
     app[VAULT].set_policy("bank-a", "content", 183)
     body = {"prompt": "secret prompt", "max_new_tokens": 2, "subject": "alice"}
     headers = {**bearer(tokens["client"]), "Idempotency-Key": "erase-me"}
     first = await (await client.post("/v1/generate", json=body, headers=headers)).json()
-    erased = await client.post("/v1/admin/erasures", json={"subject": "alice"},
-                               headers=bearer(tokens["admin"]))
+    # Inside the minimum retention: refused without a legal basis, naming the field.
+    early = await client.post("/v1/admin/erasures", json={"subject": "alice"},
+                              headers=bearer(tokens["admin"]))
+    assert early.status == 422 and (await early.json())["field"] == "legal_basis"
+    erased = await client.post("/v1/admin/erasures", json={
+        "subject": "alice", "legal_basis": "GDPR Art. 17(1)(d), ticket 8812"},
+        headers=bearer(tokens["admin"]))
     assert erased.status == 200 and first["record_id"] in (await erased.json())["records"]
-    # The replay no longer hands back the erased answer and its salts: the key is free
-    # again, so the same request is a new generate with a new record and new salts.
-    again = await (await client.post("/v1/generate", json=body, headers=headers)).json()
-    assert again["record_id"] != first["record_id"]
-    assert again["input_salt"] != first["input_salt"]
+    # The replay no longer hands back the erased answer and its salts, and the key stays
+    # bound to its record (no second generate): 410 naming the record and the erasure.
+    size = app[LEDGER].tree_head()[0]
+    again = await client.post("/v1/generate", json=body, headers=headers)
+    problem = await again.json()
+    assert again.status == 410 and problem["record_id"] == first["record_id"]
+    assert "erased" in problem["detail"] and first["input_salt"] not in json.dumps(problem)
+    assert app[LEDGER].tree_head()[0] == size
 
 
 def _break_the_vault(app: Any) -> None:

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -28,11 +28,12 @@ import pytest
 from ledger.anchor.local import LocalAnchor
 from ledger.anchor.store import SqlAnchorStore
 from ledger.anchor.worker import AnchorWorker
+from ledger.errors import BackendUnavailableError
 from ledger.store.fsck import fsck
 from ledger.store.integrator import Integrator
 from ledger.store.keys import bind_to_origin, decode_signer_key, load_or_create_signer
 from ledger.store.migrate import upgrade
-from ledger.store.sql import SqlLedger
+from ledger.store.sql import PgSessionSettings, SqlLedger
 from tests.records import make_record
 from tests.replica_cluster import ROOT, Replica, client_token, generate, launch, wait_ready
 
@@ -94,12 +95,15 @@ def poll(what: str, check: Callable[[], bool], replicas: list[Replica]) -> float
     raise AssertionError(f"{what}: not within {OVERALL_S} s\n{logs}")
 
 
-def test_sigstop_of_the_lease_holder_under_load(tmp_path: Path, tiny_model_dir: Path,
-                                                make_pg_database) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("fencing", ["on", "off"])
+def test_sigstop_of_the_lease_holder_under_load(tmp_path: Path, tiny_model_dir: Path,  # type: ignore[no-untyped-def]
+                                                make_pg_database, fencing: str) -> None:
     url = str(make_pg_database())
     upgrade(url)
     key = tmp_path / "log.key"
     env = {"AUDIT_LEDGER_LOG_KEY_PATH": str(key), "AUDIT_LEDGER_ANCHOR_INTERVAL_S": "0.2"}
+    if fencing == "off":  # only the server's idle-in-transaction timer frees the row
+        env["AUDIT_LEDGER_PG_FENCE_AFTER_S"] = "1000"
     first = launch("replica-a", tmp_path, tiny_model_dir, url, env)
     wait_ready(first)  # the first replica creates the log, its key and the API keys
     second = launch("replica-b", tmp_path, tiny_model_dir, url, env)
@@ -144,7 +148,8 @@ def test_sigstop_of_the_lease_holder_under_load(tmp_path: Path, tiny_model_dir: 
 
         poll("the survivor takes the lease and seals", survivor_leads, replicas)
         lease_s = time.monotonic() - stopped  # an upper bound: includes polling
-        print(f"\nSIGSTOP of the lease holder: appends resumed on the survivor after "
+        print(f"\nSIGSTOP of the lease holder (fencing {fencing}): appends resumed on the "
+              f"survivor after "
               f"{resume_s:.2f} s, the survivor sealed as lease holder after {lease_s:.2f} s")
 
         frozen.process.send_signal(signal.SIGCONT)
@@ -186,7 +191,7 @@ def test_sigstop_of_the_lease_holder_under_load(tmp_path: Path, tiny_model_dir: 
     for replica in replicas:  # ...only one replica anchored at a time: no collisions
         output = replica.output()
         assert "anchors_pkey" not in output and "Traceback" not in output, output[-3000:]
-    print(f"{len(load.acks)} acknowledged appends, tree size {size}, "
+    print(f"fencing {fencing}: {len(load.acks)} acknowledged appends, tree size {size}, "
           f"{len(load.failures)} refused requests ({sorted(set(load.failures))}), "
           f"checkpoints sealed by {sorted(s or '?' for s in sealers)}")
 
@@ -343,6 +348,32 @@ def test_a_writer_frozen_mid_pipeline_is_fenced_by_the_lease_holder(  # type: ig
         holder.wait()
     with SqlLedger(url) as ledger:
         assert ledger.tree_head()[0] == 1
+
+
+def test_without_fencing_a_writer_frozen_mid_request_holds_the_row(  # type: ignore[no-untyped-def]
+        make_pg_database) -> None:
+    """Why fencing stays: the server arms no timer while a request is half sent, so with
+    no fencer an append waits out its whole lock timeout (which the server measures)."""
+    from sqlalchemy.exc import OperationalError
+
+    url = str(make_pg_database())
+    upgrade(url)
+    holder = _helper(HOLD_TREE_STATE_MID_PIPELINE, url)
+    assert holder.stdout is not None
+    pg = PgSessionSettings(fence_after_s=1000.0)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        holder.send_signal(signal.SIGSTOP)
+        with SqlLedger(url, pg=replace(pg, lock_timeout_s=pg.writer_idle_in_transaction_s
+                                       + 1.0)) as ledger:
+            with pytest.raises(BackendUnavailableError) as refused:
+                ledger.append(make_record(0), timeout=OVERALL_S)
+        assert isinstance(refused.value.__cause__, OperationalError)
+        assert getattr(refused.value.__cause__.orig, "sqlstate", None) == "55P03"
+    finally:
+        holder.send_signal(signal.SIGCONT)
+        holder.kill()
+        holder.wait()
 
 
 def test_a_lease_holder_frozen_mid_pipeline_is_fenced_once_the_lease_moves(  # type: ignore[no-untyped-def]
@@ -620,3 +651,68 @@ def test_every_postgres_session_has_bounded_waits(make_pg_database,  # type: ign
     assert seen["writer"]["statement_timeout"] == "0"
     assert seen["writer"]["lock_timeout"] == "9500ms"
     assert seen["lease"]["idle_session_timeout"] == "7s"
+
+
+# A real writer (SqlLedger's own append path) that stops itself with SIGSTOP right after
+# its bulk insert of tree nodes and mirror rows, before it updates tree_state: the moment
+# issue 27 found the server never ending (psycopg's executemany left a trailing Flush).
+FREEZE_AFTER_BULK_INSERT = """
+import asyncio, os, signal, sys
+from ledger.store.sql import SqlLedger
+from tests.records import make_record
+ledger = SqlLedger(sys.argv[1])
+insert_rows = ledger._insert_rows
+
+def insert_then_freeze(conn, node_rows, record_rows):
+    insert_rows(conn, node_rows, record_rows)
+    ledger._insert_rows = insert_rows  # once
+    print("inserted", len(record_rows), flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+ledger._insert_rows = insert_then_freeze
+records = [make_record(n, tenant="frozen", padding=1000) for n in range(2000)]
+outcomes = asyncio.run(ledger.append_many_async(records))  # one group
+from ledger.errors import BackendError
+print("refused" if all(isinstance(o, BackendError) for o in outcomes) else "committed",
+      flush=True)
+"""
+
+
+def _process_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_writer_frozen_right_after_its_bulk_insert_frees_the_row_without_fencing(  # type: ignore[no-untyped-def]
+        make_pg_database) -> None:
+    """No integrator runs, so nobody fences: only the server's idle-in-transaction timer
+    can free the row. The other writer's lock wait is bounded at that timer plus one
+    second by the server itself (``lock_timeout``), so a row held longer fails the append
+    with a lock timeout instead of committing; nothing here reads this machine's clock."""
+    url = str(make_pg_database())
+    upgrade(url)
+    holder = _helper(FREEZE_AFTER_BULK_INSERT, url)
+    assert holder.stdout is not None
+    pg = PgSessionSettings(fence_after_s=1000.0)
+    bound_s = pg.writer_idle_in_transaction_s + 1.0
+    try:
+        said = holder.stdout.readline().split()
+        assert said == ["inserted", "2000"], said
+        poll("the writer is frozen", lambda: _process_state(holder.pid) == "T", [])
+        stopped = time.monotonic()
+        with SqlLedger(url, pg=replace(pg, lock_timeout_s=bound_s)) as ledger:
+            receipt = ledger.append(make_record(0, tenant="survivor"), timeout=OVERALL_S)
+            waited = time.monotonic() - stopped
+            assert receipt.leaf_index == 0  # the frozen group's rows were rolled back
+        print(f"\nappend behind a writer frozen right after its bulk insert committed after "
+              f"{waited:.2f} s without fencing (idle-in-transaction timeout "
+              f"{pg.writer_idle_in_transaction_s} s, lock wait bounded at {bound_s} s)")
+        holder.send_signal(signal.SIGCONT)
+        # Woken, the frozen writer's transaction is gone: none of its appends committed.
+        assert holder.stdout.readline().strip() == "refused"
+    finally:
+        holder.send_signal(signal.SIGCONT)
+        holder.kill()
+        holder.wait()
+    with SqlLedger(url) as ledger:
+        assert ledger.tree_head()[0] == 1
+        assert [row.tenant for row in ledger.iter_records()] == ["survivor"]

@@ -1,16 +1,16 @@
 """Record v2: a v2 leaf's body beside its envelope, the environment it ran under, and the
 environments' filter columns (decision record 0026).
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: 0012
+Revises: 0011
 Create Date: 2026-12-02
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0011"
-down_revision = "0010"
+revision = "0012"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 FILTER_COLUMNS = ("model_digest", "accelerator_model", "driver_version", "service_revision")

@@ -1,0 +1,67 @@
+"""The log as C2SP tlog-tiles over HTTP: ``/tlog/checkpoint`` and ``/tlog/tile/...``.
+
+What is served is what the latest signed checkpoint covers, read straight from the log's
+tables. Who may read what (docs/decisions/0036): the checkpoint and hash tiles to every
+reader; an entry bundle to an all-tenant reader (auditor, all-tenant admin), and to a
+tenant's key only when every leaf in it is a v2 envelope, which discloses a tenant tag,
+a kind and a time but no record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from inference_wrapper.server.appkeys import LEDGER
+from inference_wrapper.server.problems import Problem
+from inference_wrapper.server.routes import READER_ROLES, authorize, readable_tenant
+from ledger import tiles
+from ledger.errors import InvalidInputError
+from ledger.store.tile_reads import TileNotFoundError, covered, read_entries, read_hash_tile
+from ledger.witness.cosignatures import cosigned_note
+
+PREFIX = "/tlog"
+IMMUTABLE = "public, max-age=31536000, immutable"
+
+
+async def tlog_checkpoint(request: web.Request) -> web.Response:
+    authorize(request, READER_ROLES)
+    ledger = request.app[LEDGER]
+    latest = await asyncio.to_thread(ledger.latest_checkpoint)
+    if latest is None:
+        raise Problem(404, "Not Found", "no checkpoint has been sealed yet")
+    note = await asyncio.to_thread(cosigned_note, ledger, latest.size, latest.note)
+    return web.Response(body=note, headers={"Content-Type": "text/plain; charset=utf-8",
+                                            "Cache-Control": "no-cache"})
+
+
+async def tlog_tile(request: web.Request) -> web.Response:
+    key = authorize(request, READER_ROLES)
+    try:
+        ref = tiles.parse_path("tile/" + request.match_info["tile_path"])
+    except InvalidInputError as exc:
+        raise Problem(404, "Not Found", f"not a tile path: {exc.reason}") from exc
+    ledger = request.app[LEDGER]
+    latest = await asyncio.to_thread(ledger.latest_checkpoint)
+    if latest is None or not covered(ref, latest.size):
+        raise Problem(404, "Not Found", "the latest checkpoint does not cover this tile")
+    try:
+        if ref.entries:
+            entries = await asyncio.to_thread(read_entries, ledger.engine, ref.first,
+                                              ref.first + ref.width)
+            if readable_tenant(key) is not None and not tiles.only_envelopes(entries):
+                raise Problem(403, "Forbidden", "this bundle holds whole records of every "
+                              "tenant: an all-tenant reader's key is needed")
+            body = tiles.encode_bundle(entries)
+        else:
+            body = await asyncio.to_thread(read_hash_tile, ledger.engine, ref)
+    except TileNotFoundError as exc:
+        raise Problem(404, "Not Found", "the tile is not stored") from exc
+    return web.Response(body=body, headers={"Content-Type": "application/octet-stream",
+                                            "Cache-Control": IMMUTABLE})
+
+
+def tile_routes() -> list[web.RouteDef]:
+    return [web.get(f"{PREFIX}/checkpoint", tlog_checkpoint),
+            web.get(PREFIX + "/tile/{tile_path:.+}", tlog_tile)]

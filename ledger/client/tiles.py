@@ -1,0 +1,177 @@
+"""Read a log through its tiles (a service, a directory or a bucket) and prove a window.
+
+Only the checkpoint, the hash tiles and the entry bundles are read; nothing the log
+serves is trusted until ``ledger.window.check_window`` has rebuilt the signed root from
+the leaves read and the tiles around them.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Protocol
+
+from ledger import tiles
+from ledger.checkpoint import Checkpoint
+from ledger.client import safe_http
+from ledger.errors import BackendUnavailableError, MalformedProofError
+from ledger.tiles import TileNodes, TileRef
+from ledger.window import MAX_LAG, WindowAnswer, WindowError, after_window, before_window
+from ledger.window import check_window as check_window
+from ledger.window import entry_time as entry_time
+
+FETCH_THREADS = 8
+
+
+class TileSource(Protocol):
+    def get(self, path: str) -> bytes | None:
+        """A file under the log's prefix, or None when there is none."""
+
+
+class HttpTiles:
+    """Tiles from a URL prefix (the service's ``/tlog/`` or any static host)."""
+
+    def __init__(self, prefix: str, api_key: str | None = None, timeout_s: float = 30.0) -> None:
+        self.prefix = prefix.rstrip("/") + "/"
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.timeout_s = timeout_s
+        self.received = 0  # bytes received, for the caller's accounting
+
+    def get(self, path: str) -> bytes | None:
+        try:  # redirects stay on the prefix's origin (the key never leaves it), capped
+            data = safe_http.get(self.prefix + path, self.headers, self.timeout_s)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise BackendUnavailableError(f"{path}: HTTP {exc.code}") from exc
+        except OSError as exc:
+            raise BackendUnavailableError(f"{self.prefix}: {exc}") from exc
+        self.received += len(data)
+        return data
+
+
+def open_tiles(location: str, api_key: str | None = None) -> TileSource:
+    """``http(s)://...`` (a tiles prefix), ``s3://bucket/prefix`` or a directory."""
+    if location.startswith(("http://", "https://")):
+        return HttpTiles(location, api_key)
+    if location.startswith("s3://"):
+        from ledger.publish.s3 import S3Sink
+
+        return S3Sink.from_url(location)
+    from ledger.publish.directory import DirectorySink
+
+    return DirectorySink(Path(location))
+
+
+class TiledLog:
+    """One checkpoint's tree, read through a tile source (each file fetched once)."""
+
+    def __init__(self, source: TileSource, checkpoint: Checkpoint, note: bytes = b"") -> None:
+        self.source, self.checkpoint, self.note = source, checkpoint, note
+        self.size = checkpoint.size
+        self.nodes = TileNodes(self.size, self.read)
+        self._bundles: dict[int, list[bytes]] = {}
+
+    def read(self, ref: TileRef) -> bytes:
+        data = self.source.get(ref.path)
+        if data is None and ref.partial:  # a partial tile may be gone once the full one is
+            full = self.source.get(ref.full().path)
+            if full is not None and ref.entries:
+                return tiles.encode_bundle(tiles.decode_bundle(full, tiles.TILE_WIDTH)
+                                           [:ref.width])
+            if full is not None:
+                return full[:ref.width * 32]
+        if data is None:
+            raise BackendUnavailableError(f"{ref.path} is not served")
+        return data
+
+    def bundle(self, n: int) -> list[bytes]:
+        if n not in self._bundles:
+            ref = tiles.tile_for(0, n, self.size, entries=True)
+            if ref is None:
+                raise MalformedProofError(f"bundle {n} is beyond a tree of size {self.size}")
+            self._bundles[n] = tiles.decode_bundle(self.read(ref), ref.width)
+        return self._bundles[n]
+
+    def entries(self, start: int, end: int) -> list[bytes]:
+        """Leaves ``[start, end)``, their bundles fetched in parallel."""
+        first, last = start // tiles.TILE_WIDTH, (end - 1) // tiles.TILE_WIDTH
+        wanted = [n for n in range(first, last + 1) if n not in self._bundles]
+        with ThreadPoolExecutor(FETCH_THREADS) as pool:
+            for _ in pool.map(self.bundle, wanted):
+                pass
+        out: list[bytes] = []
+        for n in range(first, last + 1):
+            out.extend(self._bundles[n])
+        offset = first * tiles.TILE_WIDTH
+        return out[start - offset:end - offset]
+
+    def window_range(self, since: datetime, until: datetime,
+                     lag: timedelta = MAX_LAG) -> tuple[int, int]:
+        """Leaves ``[k, j + 1)`` that hold the window by the lag rule: ``k`` created before
+        ``since - lag`` (or 0), ``j`` at or after ``until + lag``. Found by bisecting on
+        bundles; any such pair proves the window, a near one reads less."""
+        count = (self.size + tiles.TILE_WIDTH - 1) // tiles.TILE_WIDTH
+        if count == 0:
+            raise WindowError("the checkpoint is empty: the window is still open")
+
+        def first_time(n: int) -> datetime:
+            return entry_time(self.bundle(n)[0])
+
+        def last_time(n: int) -> datetime:
+            return entry_time(self.bundle(n)[-1])
+
+        lo_bundle = _last_true(count, lambda n: before_window(first_time(n), since, lag))
+        start = 0
+        if lo_bundle is not None:
+            times = [entry_time(e) for e in self.bundle(lo_bundle)]
+            start = lo_bundle * tiles.TILE_WIDTH + max(
+                i for i, t in enumerate(times) if before_window(t, since, lag))
+        hi_bundle = _first_true(count, lambda n: after_window(last_time(n), until, lag))
+        if hi_bundle is None:
+            raise WindowError(f"the window is still open: no leaf of the checkpoint of size "
+                              f"{self.size} was created at or after {until + lag} "
+                              "(until + max lag)")
+        times = [entry_time(e) for e in self.bundle(hi_bundle)]
+        end = hi_bundle * tiles.TILE_WIDTH + min(
+            i for i, t in enumerate(times) if after_window(t, until, lag)) + 1
+        return start, max(end, start + 1)
+
+    def prove_window(self, since: datetime, until: datetime,
+                     keep: Callable[[int, bytes], bool] = lambda index, entry: True,
+                     lag: timedelta = MAX_LAG) -> tuple[WindowAnswer, list[bytes]]:
+        start, end = self.window_range(since, until, lag)
+        entries = self.entries(start, end)
+        return check_window(self.checkpoint, since, until, start, entries, self.nodes.node,
+                            keep, lag), entries
+
+
+def _last_true(count: int, test: Callable[[int], bool]) -> int | None:
+    """The last n in [0, count) with test(n), assuming tests are true then false."""
+    if not test(0):
+        return None
+    lo, hi = 0, count - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if test(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _first_true(count: int, test: Callable[[int], bool]) -> int | None:
+    """The first n in [0, count) with test(n), assuming tests are false then true."""
+    if not test(count - 1):
+        return None
+    lo, hi = 0, count - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if test(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

@@ -1,0 +1,58 @@
+"""Read tiles and entry bundles straight from the log's tables (small functions, no state).
+
+A hash tile ``(L, n)`` of width ``W`` is the ``W`` stored nodes ``(8 * L, n * 256 + i)``;
+an entry bundle is the leaves' exact bytes (``records.canonical``) in index order. Only
+what the latest signed checkpoint covers is served: a tile beyond it is "not found",
+so nothing unsealed leaves through the tiles.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine
+
+from ledger import tiles
+from ledger.tiles import TileRef
+
+
+class TileNotFoundError(LookupError):
+    """The tile is not part of the tree the latest checkpoint signs (or not yet stored)."""
+
+
+def covered(ref: TileRef, size: int) -> bool:
+    """Whether a tree of ``size`` leaves has this tile, at this width or wider."""
+    return ref.index * tiles.TILE_WIDTH + ref.width <= tiles.hashes_at(ref.level, size)
+
+
+def read_hash_tile(engine: Engine, ref: TileRef) -> bytes:
+    """The tile's hashes concatenated (``width * 32`` bytes)."""
+    level, first = ref.level * tiles.TILE_HEIGHT, ref.first
+    mark = "%s" if engine.dialect.name == "postgresql" else "?"
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            f"SELECT hash FROM tree_nodes WHERE level = {mark} AND idx >= {mark} "
+            f"AND idx < {mark} ORDER BY idx", (level, first, first + ref.width)).all()
+    if len(rows) != ref.width:
+        raise TileNotFoundError(ref.path)
+    return b"".join(bytes(row[0]) for row in rows)
+
+
+def read_entries(engine: Engine, start: int, end: int) -> list[bytes]:
+    """The exact bytes of leaves ``[start, end)``, in index order."""
+    mark = "%s" if engine.dialect.name == "postgresql" else "?"
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            f"SELECT leaf_index, canonical FROM records WHERE leaf_index >= {mark} "
+            f"AND leaf_index < {mark} ORDER BY leaf_index", (start, end)).all()
+    if len(rows) != end - start or (rows and int(rows[0][0]) != start):
+        raise TileNotFoundError(f"leaves [{start}, {end})")
+    return [bytes(row[1]) for row in rows]
+
+
+def read_bundle(engine: Engine, ref: TileRef) -> bytes:
+    """The entry bundle ``ref`` (``ref.entries``), encoded."""
+    return tiles.encode_bundle(read_entries(engine, ref.first, ref.first + ref.width))
+
+
+def read_tile(engine: Engine, ref: TileRef) -> bytes:
+    """A hash tile or an entry bundle, as the spec encodes it."""
+    return read_bundle(engine, ref) if ref.entries else read_hash_tile(engine, ref)

@@ -1,0 +1,219 @@
+"""Proved windows: a query over [since, until) read through the tiles, checked against
+the signed and witnessed checkpoint, filtered locally and declared complete; the offline
+window bundle and what dropping a leaf from it does; a tenant's auditor proving its own
+window over v2 envelopes without receiving any other tenant's record."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from audit_cli.main import main
+from audit_cli.windows import leaf_filter
+from ledger.checkpoint import Checkpoint, NoteSigner
+from ledger.client.tiles import HttpTiles, TiledLog
+from ledger.cosignature import Cosigner, add_cosignatures
+from ledger.publish.directory import DirectorySink
+from ledger.publish.publisher import publish
+from ledger.store.migrate import upgrade
+from ledger.store.sql import SqlLedger
+from tests.records import make_record
+from tests.tiles_service import tiles_service
+from tests.tiny_log import build_log
+from tests.vectors.make_leaf_vectors import INPUTS, build
+
+ORIGIN = "windows.test/log"
+BASE = datetime(2026, 11, 3, 8, 0, 0)
+COUNT = 600
+SINCE, UNTIL = BASE + timedelta(seconds=100 * 30), BASE + timedelta(seconds=400 * 30)
+
+
+def _when(i: int) -> datetime:
+    return BASE + timedelta(seconds=30 * i)  # one record every 30 s: the lag is 10 leaves
+
+
+def _stamp(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.000Z")
+
+
+def _v1(i: int) -> bytes:
+    return make_record(i, tenant="bank-b" if i % 2 else "bank-a", padding=20,
+                       created_at=_stamp(_when(i))).canonical
+
+
+@pytest.fixture(scope="module")
+def keys() -> tuple[NoteSigner, Cosigner]:
+    return (NoteSigner(ORIGIN, Ed25519PrivateKey.generate()),
+            Cosigner("witness.test", Ed25519PrivateKey.generate()))
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory: pytest.TempPathFactory, keys: Any) -> Path:
+    """600 v1 records, checkpoint 600 cosigned by one witness, published as tiles."""
+    signer, witness = keys
+    folder = tmp_path_factory.mktemp("window")
+    url = f"sqlite:///{folder / 'log.db'}"
+    upgrade(url)
+    [note] = build_log(url, COUNT, signer, ORIGIN, leaf=_v1, created_at=_when)
+    body = Checkpoint.peek(note).body()
+    note = add_cosignatures(note, [witness.cosign(body, 1_790_000_000)])
+    ledger = SqlLedger(url)
+    publish(ledger.engine, note, DirectorySink(folder / "tlog"))
+    ledger.engine.dispose()
+    return folder / "tlog"
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _trust(keys: Any) -> list[str]:
+    signer, witness = keys
+    return ["--log-key", signer.verifier().encode(), "--witness", witness.witness_key.encode()]
+
+
+def test_proved_query_reads_the_whole_range_and_says_complete(
+        published: Path, keys: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _cli(capsys, "query", "--prove", "--tiles", str(published),
+                          "--since", SINCE.isoformat(), "--until", UNTIL.isoformat(),
+                          "--tenant", "bank-b", *_trust(keys))
+    assert code == 0, err
+    # Leaf 89 is the last created before since - 5 min, leaf 410 the first at or after
+    # until + 5 min; the window holds leaves 100..399, half of them bank-b's.
+    assert out.splitlines()[-1] == (
+        "complete: every leaf in [89, 411) read and checked, 150 matched (signed checkpoint "
+        "of size 600, witnessed by witness.test; 300 leaves in the window)")
+    code, out, _ = _cli(capsys, "query", "--prove", "--json", "--tiles", str(published),
+                        "--since", SINCE.isoformat(), "--until", UNTIL.isoformat(),
+                        "--tenant", "bank-b", *_trust(keys))
+    result = json.loads(out)
+    assert {r["leaf_index"] for r in result["records"]} == set(range(101, 400, 2))
+
+
+def test_a_window_needs_a_witness_quorum_and_a_closing_leaf(
+        published: Path, keys: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    signer, _ = keys
+    other = Cosigner("witness.test", Ed25519PrivateKey.generate())
+    code, _, err = _cli(capsys, "query", "--prove", "--tiles", str(published), "--since",
+                        SINCE.isoformat(), "--until", UNTIL.isoformat(), "--log-key",
+                        signer.verifier().encode(), "--witness", other.witness_key.encode())
+    assert code == 1 and "0 valid cosignatures of the 1 needed" in err
+    late = BASE + timedelta(seconds=30 * 595)  # less than 5 min before the last leaf
+    code, _, err = _cli(capsys, "query", "--prove", "--tiles", str(published), "--since",
+                        SINCE.isoformat(), "--until", late.isoformat(), *_trust(keys))
+    assert code == 1 and "the window is still open" in err
+
+
+def _drop(bundle: Path, leaf: int, reindex: bool = False) -> None:
+    raw = json.loads(bundle.read_text())
+    entries = raw["entries"]
+    at = leaf - raw["start"]
+    del entries[at]
+    if reindex:  # hide the gap: shift every later leaf down by one
+        for entry in entries[at:]:
+            entry["leaf_index"] -= 1
+        raw["end"] -= 1
+    bundle.write_text(json.dumps(raw))
+
+
+def test_window_bundle_verifies_offline_and_a_dropped_leaf_is_named(
+        published: Path, keys: Any, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    bundle = tmp_path / "window.json"
+    code, out, err = _cli(capsys, "export", "--window", "--bundle", str(bundle), "--tiles",
+                          str(published), "--since", SINCE.isoformat(), "--until",
+                          UNTIL.isoformat(), *_trust(keys))
+    assert code == 0, err
+    code, out, err = _cli(capsys, "verify", "--bundle", str(bundle), "--tenant", "bank-a",
+                          "--no-state", *_trust(keys))
+    assert code == 0, err
+    assert out.startswith("complete: every leaf in [89, 411) read and checked, 150 matched")
+    original = bundle.read_text()
+    for leaf, reindex, message in ((250, False, "leaf 250 is missing from the window bundle"),
+                                   (410, False, "leaf 410 is missing from the window bundle"),
+                                   (250, True, "the bundle lacks tree node")):
+        bundle.write_text(original)
+        _drop(bundle, leaf, reindex)
+        code, out, err = _cli(capsys, "verify", "--bundle", str(bundle), "--no-state",
+                              *_trust(keys))
+        assert code == 1 and message in err, (leaf, reindex, err)
+
+
+# --- a tenant's auditor over v2 envelopes ---------------------------------------------------
+
+
+def _v2(i: int) -> tuple[bytes, bytes, str]:
+    """(envelope, body, record id) of a v2 record of bank-a (even) or bank-b (odd)."""
+    inputs = copy.deepcopy(INPUTS)
+    inputs["origin"] = ORIGIN
+    record = inputs["record"]
+    record["tenant"] = "bank-b" if i % 2 else "bank-a"
+    record["record_id"] = f"0192f0c0-0000-7000-8000-{i:012d}"
+    record["created_at"] = _stamp(_when(i))
+    leaf = build(inputs)["record"]
+    return leaf["envelope"].encode(), leaf["body"].encode(), record["record_id"]
+
+
+def test_tenant_auditor_proves_its_window_without_other_tenants_records(
+        tmp_path_factory: pytest.TempPathFactory, keys: Any) -> None:
+    signer, _ = keys
+    leaves = [_v2(i) for i in range(COUNT)]
+    url = f"sqlite:///{tmp_path_factory.mktemp('v2') / 'log.db'}"
+    upgrade(url)
+    build_log(url, COUNT, signer, ORIGIN, leaf=lambda i: leaves[i][0], created_at=_when)
+    ledger = SqlLedger(url)
+    try:
+        with tiles_service(ledger) as (base, tokens):
+            source = Recording(base, tokens["client"])  # bank-a's own key, role client
+            checkpoint = signer.verifier().open_checkpoint(source.get("checkpoint") or b"")
+            log = TiledLog(source, checkpoint)
+            answer, _ = log.prove_window(SINCE, UNTIL, leaf_filter({"tenant": "bank-a"},
+                                                                   ORIGIN))
+    finally:
+        ledger.engine.dispose()
+    assert answer.summary() == "complete: every leaf in [89, 411) read and checked, " \
+                               "150 matched"
+    assert answer.matched == list(range(100, 400, 2))
+    received = b"".join(source.fetched)
+    assert b"tile/entries" not in received and len(received) > 300 * 150
+    for _, body, record_id in leaves[1::2]:  # bank-b's records: no byte of any
+        assert body not in received and record_id.encode() not in received
+    assert b"bank-b" not in received and b"bank-a" not in received
+
+
+class Recording(HttpTiles):
+    """Keeps every byte the server sent."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.fetched: list[bytes] = []
+
+    def get(self, path: str) -> bytes | None:
+        data = super().get(path)
+        if data is not None:
+            self.fetched.append(data)
+        return data
+
+
+def test_the_log_refuses_an_append_that_breaks_the_lag_rule(ledger_url: str) -> None:
+    from ledger.errors import InvalidInputError
+    from ledger.window import MAX_LAG
+
+    with SqlLedger(ledger_url, max_created_lag=MAX_LAG) as ledger:
+        ledger.append(make_record(1, created_at="2026-11-03T08:10:00.000Z"))
+        ledger.append(make_record(2, created_at="2026-11-03T08:05:00.000Z"))  # 5 min: kept
+        with pytest.raises(InvalidInputError, match="created_at: 2026-11-03T08:04:59.999Z is "
+                                                    "more than 0:05:00 before"):
+            ledger.append(make_record(3, created_at="2026-11-03T08:04:59.999Z"))
+        assert ledger.tree_head()[0] == 2
+    with SqlLedger(ledger_url) as ledger:  # history tools and tests may write any order
+        ledger.append(make_record(4, created_at="2026-11-01T00:00:00.000Z"))

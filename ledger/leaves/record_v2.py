@@ -148,6 +148,7 @@ def build_records_v2(
     environment_json = environment.to_json()
     sample = None if gpu_sample is None else dict(gpu_sample)
     layouts: dict[tuple[str, ...], Layout] = {}
+    firsts: dict[tuple[str, ...], tuple[dict[str, Any], bytes]] = {}
     lasts: dict[tuple[str, ...], tuple[dict[str, Any], bytes]] = {}
     leaves = []
     for row, facts in enumerate(rows):
@@ -170,18 +171,19 @@ def build_records_v2(
         if facts.stream_start_record_id is not None:
             content["stream"] = {"start_record_id": facts.stream_start_record_id}
             optional += ("stream.start_record_id",)
-        layout = layouts.get(optional)
-        if layout is None:
-            validate_record_v2(content)  # the first of its kind: every rule
-        else:
-            _validate_row_leaves(content)  # the rest share all but the row's own leaves
-        if layout is None:
+        first = firsts.get(optional)
+        if first is None:  # the first of its kind: every rule, encoded in full
+            validate_record_v2(content)
             body = canonical_bytes(content)
-            layout = Layout(content, [*ROW_LEAVES, *optional])
-            if layout.fill(content) != body:
-                raise LayoutError("a v2 record layout disagrees with the full encoding")
-            layouts[optional] = layout
-        else:
+            firsts[optional] = (content, body)
+        else:  # the rest share all but the row's own leaves
+            _validate_row_leaves(content)
+            layout = layouts.get(optional)
+            if layout is None:  # compiled at the second of a kind: a batch of one pays none
+                layout = Layout(first[0], [*ROW_LEAVES, *optional])
+                if layout.fill(first[0]) != first[1]:
+                    raise LayoutError("a v2 record layout disagrees with the full encoding")
+                layouts[optional] = layout
             body = layout.fill(content)
             lasts[optional] = (content, body)
         leaves.append(seal(RECORD_KIND, content, body, tenant_tag(origin, facts.tenant)))

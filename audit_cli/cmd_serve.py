@@ -8,7 +8,7 @@ import os
 import signal
 
 from audit_cli.extras import require_extra
-from audit_cli.options import add_model_options, load_from_options
+from audit_cli.options import add_model_options, load_from_options, served_from_options
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -18,6 +18,11 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="ledger database URL (default: SQLite in ~/.cache/audit-ledger)")
     parser.add_argument("--max-batch", type=int, default=None)
     parser.add_argument("--max-wait-ms", type=float, default=None)
+    parser.add_argument("--engines", type=int, default=1,
+                        help="engine processes, batches spread over them (on a GPU machine: "
+                             "one per visible GPU, each sees only its own)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run the model in this process instead (no crash isolation)")
     add_model_options(parser)
 
 
@@ -29,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from inference_wrapper.server.logging_setup import setup_queued_logging
     from inference_wrapper.server.settings import Settings
     from ledger.error_map import exit_code_for
-    from ledger.errors import WorkerDiedError
+    from ledger.errors import InvalidInputError, WorkerDiedError
     from ledger.store.apikeys import ApiKeyStore
     from ledger.store.file_modes import private_directory, sqlite_path
     from ledger.store.migrate import upgrade
@@ -65,14 +70,18 @@ def run(args: argparse.Namespace) -> int:
               "       -H 'Content-Type: application/json' \\\n"
               "       -d '{\"prompt\": \"The capital of France is\", \"max_new_tokens\": 16}'\n")
     engine.dispose()
-    generator = AuditedGenerator(load_from_options(args))
+    if args.engines < 1:
+        raise InvalidInputError("--engines", "needs at least one engine")
+    generator = (AuditedGenerator(load_from_options(args)) if args.in_process
+                 else served_from_options(args, args.engines))
 
     def stop_for_supervisor(worker: str) -> None:
         # The same path as SIGTERM: drain, seal, close; then exit non-zero below.
         os.kill(os.getpid(), signal.SIGTERM)
 
     app = create_app(settings, generator, on_fatal=stop_for_supervisor)
-    print(f"serving {generator.loaded.name} ({generator.loaded.digest}) on "
+    where = "in this process" if args.in_process else f"{args.engines} engine process(es)"
+    print(f"serving {generator.loaded.name} ({generator.loaded.digest}, {where}) on "
           f"http://{settings.host}:{settings.port}", flush=True)
     try:
         # Not web.run_app: it closes the listener at SIGTERM, refusing new connections

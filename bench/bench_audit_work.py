@@ -56,8 +56,9 @@ def main() -> None:
         with SqlLedger(url) as ledger:
             environment = generator.environment_leaf()
             receipt = ledger.append(environment)
-            v2 = LogBinding("bench.audit-ledger/log",
-                            EnvironmentRef(receipt.leaf_index, environment.leaf_hash))
+            v2 = LogBinding("bench.audit-ledger/log")
+            v2.bind(generator.environment(),
+                    EnvironmentRef(receipt.leaf_index, environment.leaf_hash))
             for size in (1, 32):
                 for log in (None, v2):
                     measure_size(generator, ledger, params, size, args.calls, args.rounds,

@@ -95,7 +95,9 @@ def _fill(url: str, generator: AuditedGenerator, results: list[BatchResult], wan
         if version == "v2":
             environment = generator.environment_leaf()
             receipt = ledger.append(environment)
-            log = LogBinding(ORIGIN, EnvironmentRef(receipt.leaf_index, environment.leaf_hash))
+            log = LogBinding(ORIGIN)
+            log.bind(generator.environment(),
+                     EnvironmentRef(receipt.leaf_index, environment.leaf_hash))
         written = 0
         while written < wanted:
             for result in results:

@@ -1,12 +1,12 @@
-"""The audited generator: tokenize under the contract, ``model.generate``, decode, record.
+"""The audited generator: admission checks, salts and record building around engines.
 
-Work is split in two so a server can overlap them: ``run_batch`` does the model work,
-``seal`` turns its result into records (fingerprints, commitments, canonical bytes).
+Work is split in two so a server can overlap them: an engine (``EngineClient``) does the
+model work, ``seal`` turns its result into records (commitments, canonical bytes) with the
+environment the engine captured. The model itself is never touched here.
 """
 
 from __future__ import annotations
 
-import secrets
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -15,19 +15,16 @@ from typing import Any
 
 from inference_wrapper.audit.data_fingerprint import DataFingerprint, MaskPattern, token_ids_digest
 from inference_wrapper.engine.contract import TokenizationContract
-from inference_wrapper.engine.fingerprint.hardware import (
-    GpuProbe,
-    HardwareFingerprint,
-    capture_hardware,
-)
-from inference_wrapper.engine.fingerprint.software import SoftwareFingerprint, capture_software
-from inference_wrapper.engine.model import LoadedModel
-from inference_wrapper.engine.params import MAX_SEED, GenerationParams, Limits, validate_prompt
+from inference_wrapper.engine.fingerprint.hardware import GpuProbe
+from inference_wrapper.engine.inprocess import InProcessEngine
+from inference_wrapper.engine.model import LoadedModel, ServedModel
+from inference_wrapper.engine.params import GenerationParams, Limits, validate_prompt
+from inference_wrapper.engine.protocol import EngineBatch, EngineClient, EngineResult
 from ledger.canonical import Canonical, json_number
 from ledger.digest import commit_text, new_salt
 from ledger.leaves.commitments import row_commitments
 from ledger.leaves.envelope import Leaf
-from ledger.leaves.environment import build_environment
+from ledger.leaves.environment import build_environment, environment_sections
 from ledger.leaves.record_v2 import EnvironmentRef, RowFacts, build_records_v2
 from ledger.record import (
     AuditRecord,
@@ -55,12 +52,13 @@ class PreparedRequest:
     user: str | None = field(default=None, repr=False)  # recorded only as a commitment
     user_salt: bytes = field(default_factory=new_salt, repr=False)
     stream_start_id: str | None = None  # a streamed request's start record
+    truncate: bool = False  # the caller allowed the contract to cut an over-long prompt
 
 
 @dataclass(frozen=True)
 class AuditedOutput:
     text: str
-    record: AuditRecord | Leaf  # an audit-record/v2 leaf once the generator is bound to a log
+    record: AuditRecord | Leaf  # an audit-record/v2 leaf when sealed for a log
     input_salt: bytes
     output_salt: bytes
     output_token_ids: list[int]
@@ -73,124 +71,91 @@ class AuditedOutput:
         return self.record.content if isinstance(self.record, Leaf) else self.record.body
 
 
+class EnvironmentNotLoggedError(LookupError):
+    """A batch ran on an engine environment the log holds no leaf for yet: its
+    ``environment/v1`` leaf must be appended first (``LogBinding.bind``)."""
+
+
 @dataclass
-class BatchResult:
-    """What the model produced for one batch, before any audit work."""
-
-    requests: Sequence[PreparedRequest]
-    params: GenerationParams  # with the seed actually used
-    input_ids: list[list[int]]
-    attention_mask: list[list[int]]
-    output_ids: list[list[int]]
-    finish_reasons: list[str]
-    texts: list[str]
-    truncated: list[bool]
-    timings_ms: dict[str, float]
-    spans_ns: dict[str, tuple[int, int]] = field(default_factory=dict)  # wall clock
-
-
-@dataclass(frozen=True)
 class LogBinding:
-    """The log records go to: its origin (tenant tags) and the environment leaf of this
-    engine it already holds (``AuditedGenerator.environment_leaf``, appended)."""
+    """The log records go to (decision 0026): its origin (tenant tags) and, per engine,
+    the environment leaf it holds for that engine's current environment."""
 
     origin: str
-    environment: EnvironmentRef
+    _environments: dict[str, tuple[dict[str, Any], EnvironmentRef]] = field(
+        default_factory=dict)
+
+    def ref_for(self, environment: Mapping[str, Any]) -> EnvironmentRef | None:
+        """The leaf of this exact environment, or None (never logged, or changed since)."""
+        known = self._environments.get(str(environment["engine"]))
+        if known is None or known[0] != _environment_key(environment):
+            return None
+        return known[1]
+
+    def bind(self, environment: Mapping[str, Any], ref: EnvironmentRef) -> None:
+        self._environments[str(environment["engine"])] = (_environment_key(environment), ref)
+
+
+def _environment_key(environment: Mapping[str, Any]) -> dict[str, Any]:
+    return environment_sections(
+        model=environment["model"], hardware=environment["hardware"],
+        software=environment["software"],
+        tokenization_contract=environment["tokenization_contract"],
+        generation_config_digest=environment["generation_config_digest"])
+
+
+def environment_leaf(environment: Mapping[str, Any]) -> Leaf:
+    """An engine's ``environment/v1`` leaf, from what the engine captured."""
+    return build_environment(
+        engine=str(environment["engine"]), model=environment["model"],
+        hardware=environment["hardware"], software=environment["software"],
+        tokenization_contract=environment["tokenization_contract"],
+        generation_config_digest=str(environment["generation_config_digest"]))
+
+
+@dataclass
+class BatchResult:
+    """What an engine produced for a batch of prepared requests, before any audit work,
+    with the environment of the engine that ran it."""
+
+    requests: Sequence[PreparedRequest]
+    result: EngineResult
+    environment: Mapping[str, Any]
+
+    @property
+    def spans_ns(self) -> dict[str, tuple[int, int]]:
+        return self.result.spans_ns
+
+    @property
+    def timings_ms(self) -> dict[str, float]:
+        return self.result.timings_ms
+
+
+def engine_batch(requests: Sequence[PreparedRequest], min_length: int = 0) -> EngineBatch:
+    """What the engine sees of prepared requests: no tenant, salt, user or subject."""
+    if not requests:
+        raise ValueError("a batch needs at least one request")
+    params = requests[0].params
+    if any(r.params != params for r in requests):
+        raise ValueError("all requests in a batch must share generation parameters")
+    return EngineBatch(tuple(r.prompt for r in requests), params,
+                       tuple(r.stop for r in requests), tuple(r.truncate for r in requests),
+                       min_length)
+
+
+def record_sections(environment: Mapping[str, Any]) -> dict[str, Canonical]:
+    """An engine's environment as the record sections ``model``, ``hardware`` and
+    ``software`` (which names the tokenization contract), canonicalized once."""
+    return {
+        "model": Canonical.of(dict(environment["model"])),
+        "hardware": Canonical.of(dict(environment["hardware"])),
+        "software": Canonical.of(dict(environment["software"]) | {
+            "tokenization_contract": dict(environment["tokenization_contract"])}),
+    }
 
 
 def _now_ms() -> float:
     return time.perf_counter() * 1000.0
-
-
-def apply_stop(
-    tokenizer: Any, ids: list[int], text: str, stops: tuple[str, ...]
-) -> tuple[list[int], str] | None:
-    """End the output before the first stop sequence, as if generation had halted there.
-
-    Returns the tokens up to the one that completed the stop sequence (what the model had
-    generated by then) and the text before the stop sequence; None when no stop occurs.
-    Decoding is applied to the text, so a stop string spanning several tokens is found.
-    """
-    if not any(stop in text for stop in stops):
-        return None
-
-    def hit(k: int) -> bool:
-        prefix = tokenizer.decode(ids[:k], skip_special_tokens=True)
-        return any(stop in prefix for stop in stops)
-
-    low, high = 1, len(ids)  # the shortest prefix whose text holds a stop sequence
-    while low < high:
-        middle = (low + high) // 2
-        if hit(middle):
-            high = middle
-        else:
-            low = middle + 1
-    kept = ids[:low]
-    prefix = tokenizer.decode(kept, skip_special_tokens=True)
-    end = min(prefix.find(stop) for stop in stops if stop in prefix)
-    return kept, prefix[:end]
-
-
-def streamable_text(tokenizer: Any, ids: Sequence[int],
-                    stops: tuple[str, ...]) -> tuple[str, bool]:
-    """The part of a row's text so far that later tokens can no longer change, and
-    whether a stop sequence already ended it.
-
-    The text is decoded from all ``ids`` (the same decode ``run_batch`` applies to the
-    final output, so it grows as a prefix of the final text). Held back: a trailing
-    replacement character (a UTF-8 sequence cut short), a suffix that could still become
-    the start of a stop sequence, and, for a tokenizer that cleans up spaces, everything
-    from the last space (" ." becomes "." only once the "." is there). Once a stop
-    sequence is in the text, the text before the first one is final: ``apply_stop`` cuts
-    the output at most there.
-    """
-    text = tokenizer.decode(list(ids), skip_special_tokens=True)
-    found = [text.find(stop) for stop in stops if stop in text]
-    if found:
-        return text[: min(found)], True
-    text = text.rstrip("\ufffd")
-    if getattr(tokenizer, "clean_up_tokenization_spaces", False) and " " in text:
-        text = text[: text.rfind(" ")]
-    hold = 0
-    for stop in stops:  # the longest suffix that is a proper prefix of a stop sequence
-        for size in range(min(len(stop) - 1, len(text)), hold, -1):
-            if text.endswith(stop[:size]):
-                hold = size
-                break
-    return text[: len(text) - hold], False
-
-
-class RowStreamer:
-    """Hands each decoding step's new tokens to ``on_step``, one entry per row of the
-    batch: the row's token id, or None once the row has ended (its EOS and the padding
-    after it never reach ``on_step``).
-
-    ``model.generate(streamer=...)`` calls ``put`` in the model thread, first with the
-    prompt ids (skipped), then once per step with a tensor of shape (batch,); transformers'
-    own streamers refuse batches. ``on_step`` must not block: it runs between two steps.
-    """
-
-    def __init__(self, rows: int, eos_token_id: int | None,
-                 on_step: Callable[[list[int | None]], None]) -> None:
-        self.eos_token_id = eos_token_id
-        self.on_step = on_step
-        self.live = [True] * rows
-        self.prompt_seen = False
-
-    def put(self, value: Any) -> None:
-        if not self.prompt_seen:  # the first call carries the prompt, not new tokens
-            self.prompt_seen = True
-            return
-        tokens: list[int | None] = []
-        for row, token in enumerate(value.reshape(-1).tolist()):
-            if self.live[row] and token == self.eos_token_id:
-                self.live[row] = False  # run_batch cuts the row at its first EOS
-            tokens.append(token if self.live[row] else None)
-        if any(t is not None for t in tokens):
-            self.on_step(tokens)
-
-    def end(self) -> None:
-        """Nothing is held back here: the receiver decodes (``streamable_text``)."""
 
 
 # The leaves of a record that change from row to row of one batch (optional members,
@@ -206,14 +171,21 @@ ROW_LEAVES = (
 
 
 class AuditedGenerator:
-    """Runs generate calls and returns each output with its audit record."""
+    """Prepares requests, runs them on an engine and returns each output with its record.
+
+    ``loaded`` is what the API side knows of the model (its tokenizer for admission,
+    chat templates and streaming). Without ``engines`` the model runs in this process
+    (``InProcessEngine``, which needs a ``LoadedModel``).
+    """
 
     def __init__(
         self,
-        loaded: LoadedModel,
+        loaded: LoadedModel | ServedModel,
         contract: TokenizationContract | None = None,
         limits: Limits | None = None,
         probe: GpuProbe | None = None,
+        *,
+        engines: Sequence[EngineClient] | None = None,
     ) -> None:
         self.loaded = loaded
         self.contract = contract or TokenizationContract(tokenizer_digest=loaded.tokenizer_digest)
@@ -223,37 +195,46 @@ class AuditedGenerator:
                 f"the model directory has {loaded.tokenizer_digest}"
             )
         self.contract.apply(loaded.tokenizer)
+        if engines is None:
+            if not isinstance(loaded, LoadedModel):
+                raise ValueError("an in-process engine needs the loaded model")
+            engines = [InProcessEngine(loaded, self.contract, probe=probe)]
+        self.engines: list[EngineClient] = list(engines)
+        for engine in self.engines:
+            if engine.alive():  # a process engine is checked when it starts (and restarts)
+                self.check_environment(engine.environment())
         self.limits = limits or Limits()
-        # Hardware and software do not change while a model is loaded: capture once.
-        self.hardware: HardwareFingerprint = capture_hardware(
-            probe, device_index=loaded.device.index or 0
-        )
-        self.software: SoftwareFingerprint = capture_software(
-            model_digest=loaded.digest,
-            tokenizer_digest=loaded.tokenizer_digest,
-            generation_config_digest=loaded.generation_config_digest,
-        )
-        # Canonicalized once; every record splices in these exact bytes.
-        self._hardware = Canonical.of(self.hardware.to_dict())
-        self._software = Canonical.of(
-            self.software.to_dict() | {"tokenization_contract": self.contract.to_dict()}
-        )
-        self._model = Canonical.of(
-            {"name": loaded.name, "digest": loaded.digest, "pinned": loaded.pinned}
-        )
-        self._sections = {"model": self._model, "hardware": self._hardware,
-                          "software": self._software}
-        self.engine_id = "engine-0"
+        # Canonicalized once per engine environment; every record splices these bytes.
+        self._sections: dict[str, tuple[Mapping[str, Any], dict[str, Canonical]]] = {}
 
-    # --- the log ----------------------------------------------------------------------
+    def check_environment(self, environment: Mapping[str, Any]) -> None:
+        """Refuse an engine that runs another model or another tokenization contract than
+        the one requests are admitted under here."""
+        if environment["model"]["digest"] != self.loaded.digest:
+            raise ValueError(f"engine {environment['engine']} runs model "
+                             f"{environment['model']['digest']}, not {self.loaded.digest}")
+        if dict(environment["tokenization_contract"]) != self.contract.to_dict():
+            raise ValueError(f"engine {environment['engine']} runs another tokenization "
+                             "contract")
 
-    def environment_leaf(self) -> Leaf:
-        """This engine's ``environment/v1`` leaf, to append before its first record."""
-        return build_environment(
-            engine=self.engine_id, model=self._model.value, hardware=self._hardware.value,
-            software=self.software.to_dict(), tokenization_contract=self.contract.to_dict(),
-            generation_config_digest=self.loaded.generation_config_digest)
+    def sections(self, environment: Mapping[str, Any]) -> dict[str, Canonical]:
+        cached = self._sections.get(environment["engine"])
+        if cached is None or cached[0] is not environment:
+            cached = (environment, record_sections(environment))
+            self._sections[environment["engine"]] = cached
+        return cached[1]
 
+    def environment(self) -> Mapping[str, Any]:
+        """The first engine's environment (the only one for an in-process generator)."""
+        return self.engines[0].environment()
+
+    @property
+    def hardware(self) -> dict[str, Any]:
+        return dict(self.environment()["hardware"])
+
+    @property
+    def software(self) -> dict[str, Any]:
+        return dict(self.environment()["software"])
 
     # --- the steps ------------------------------------------------------------------
 
@@ -278,168 +259,99 @@ class AuditedGenerator:
         return PreparedRequest(text, checked, tenant, parse_ms=parse_ms,
                                parse_span_ns=(end_ns - int(parse_ms * 1e6), end_ns),
                                stop=tuple(stop), user=user,
-                               subject=subject)
+                               subject=subject, truncate=truncate)
 
     def run_batch(
         self, requests: Sequence[PreparedRequest], min_length: int = 0,
         on_step: Callable[[list[int | None]], None] | None = None,
     ) -> BatchResult:
-        """One ``model.generate`` call for requests that share generation parameters.
+        """The batch on the in-process engine, on the calling thread."""
+        engine = self.engines[0]
+        if not isinstance(engine, InProcessEngine):
+            raise TypeError("run_batch needs an in-process engine; use an EngineClient")
+        result = engine.run(engine_batch(requests, min_length), on_step)
+        return BatchResult(requests, result, engine.environment())
 
-        ``on_step``, when given, receives every step's new tokens (``RowStreamer``); without
-        it generate runs with no streamer at all.
-        """
-        import torch
-
-        if not requests:
-            raise ValueError("a batch needs at least one request")
-        params = requests[0].params
-        if any(r.params != params for r in requests):
-            raise ValueError("all requests in a batch must share generation parameters")
-        if params.do_sample and params.seed is None:
-            params = GenerationParams(
-                params.max_new_tokens, params.temperature, params.top_p,
-                secrets.randbelow(MAX_SEED),
-            )
-        tokenizer, model = self.loaded.tokenizer, self.loaded.model
-        timings: dict[str, float] = {}
-        spans: dict[str, tuple[int, int]] = {}
-        mark = time.time_ns()
-
-        start = _now_ms()
-        encoded, truncated = self.contract.encode(
-            tokenizer, [r.prompt for r in requests], min_length=min_length
-        )
-        input_ids = encoded["input_ids"].to(self.loaded.device)
-        attention = encoded["attention_mask"].to(self.loaded.device)
-        timings["tokenize"] = _now_ms() - start
-        spans["tokenize"], mark = (mark, time.time_ns()), time.time_ns()
-
-        start = _now_ms()
-        if params.do_sample:
-            torch.manual_seed(params.seed)
-        sampling = (
-            {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p}
-            if params.do_sample
-            else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
-        )
-        streaming: dict[str, Any] = {}
-        if on_step is not None:
-            streaming["streamer"] = RowStreamer(len(requests), tokenizer.eos_token_id, on_step)
-        with torch.inference_mode():
-            generated = model.generate(
-                input_ids=input_ids,
-                attention_mask=attention,
-                max_new_tokens=params.max_new_tokens,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                **sampling,
-                **streaming,
-            )
-        if self.loaded.device.type == "cuda":
-            torch.cuda.synchronize(self.loaded.device)
-        timings["forward"] = _now_ms() - start
-        spans["forward"], mark = (mark, time.time_ns()), time.time_ns()
-
-        start = _now_ms()
-        new_tokens = generated[:, input_ids.shape[1]:].cpu().tolist()
-        outputs, reasons = [], []
-        for row in new_tokens:
-            if tokenizer.eos_token_id in row:
-                outputs.append(row[: row.index(tokenizer.eos_token_id)])
-                reasons.append("stop")
-            else:
-                outputs.append(row)
-                reasons.append("length")
-        texts = tokenizer.batch_decode(outputs, skip_special_tokens=True)
-        for row, request in enumerate(requests):
-            if request.stop:
-                cut = apply_stop(tokenizer, outputs[row], texts[row], request.stop)
-                if cut is not None:
-                    outputs[row], texts[row] = cut
-                    reasons[row] = "stop"
-        timings["decode"] = _now_ms() - start
-        spans["decode"] = (mark, time.time_ns())
-        return BatchResult(
-            requests=requests,
-            params=params,
-            input_ids=input_ids.cpu().tolist(),
-            attention_mask=attention.cpu().tolist(),
-            output_ids=outputs,
-            finish_reasons=reasons,
-            texts=texts,
-            truncated=truncated,
-            timings_ms=timings,
-            spans_ns=spans,
-        )
+    def environment_leaf(self) -> Leaf:
+        """The first engine's ``environment/v1`` leaf, to append before its first record."""
+        return environment_leaf(self.environment())
 
     def seal(self, batch: BatchResult, log: LogBinding | None = None) -> list[AuditedOutput]:
         """Turn a batch's results into one record per request: ``audit-record/v2`` leaves
         for the log ``log`` names (decision 0026), v1 records without one."""
-        if log is not None:
-            return self._seal_v2(batch, log.origin, log.environment)
-        return self._seal_v1(batch)
+        if log is None:
+            return self._seal_v1(batch)
+        environment = log.ref_for(batch.environment)
+        if environment is None:
+            raise EnvironmentNotLoggedError(
+                f"engine {batch.environment['engine']}: its environment has no leaf in the "
+                "log yet")
+        return self._seal_v2(batch, log.origin, environment)
 
     def _seal_v2(self, batch: BatchResult, origin: str,
                  environment: EnvironmentRef) -> list[AuditedOutput]:
-        padded_length = len(batch.input_ids[0])
+        result = batch.result
+        padded_length = len(result.input_ids[0])
         rows = []
         for row, request in enumerate(batch.requests):
-            mask, ids = batch.attention_mask[row], batch.input_ids[row]
+            mask, ids = result.attention_mask[row], result.input_ids[row]
             real = [token for token, kept in zip(ids, mask, strict=True) if kept]
             rows.append(RowFacts(
                 tenant=request.tenant,
                 commitments=row_commitments(
                     input_salt=request.input_salt, output_salt=request.output_salt,
-                    prompt=request.prompt, input_ids=real, output=batch.texts[row],
-                    output_ids=batch.output_ids[row], stop=request.stop, user=request.user,
+                    prompt=request.prompt, input_ids=real, output=result.texts[row],
+                    output_ids=result.output_ids[row], stop=request.stop, user=request.user,
                     user_salt=request.user_salt),
-                input_token_count=len(real), output_token_count=len(batch.output_ids[row]),
-                truncated=batch.truncated[row], finish_reason=batch.finish_reasons[row],
+                input_token_count=len(real), output_token_count=len(result.output_ids[row]),
+                truncated=result.truncated[row], finish_reason=result.finish_reasons[row],
                 padding_count=padded_length - len(real), parse_ms=request.parse_ms,
                 stream_start_record_id=request.stream_start_id))
         leaves = build_records_v2(
-            origin=origin, engine=self.engine_id, environment=environment,
+            origin=origin, engine=str(batch.environment["engine"]), environment=environment,
             batch_id=uuid.uuid4().hex,  # lets an auditor regroup the records of one generate
             padded_length=padded_length, padding_side=self.contract.padding_side,
-            generation=batch.params.to_dict(), timings_ms=batch.timings_ms, rows=rows)
-        return [AuditedOutput(batch.texts[row], leaf, request.input_salt, request.output_salt,
-                              batch.output_ids[row],
+            generation=result.params.to_dict(), timings_ms=result.timings_ms, rows=rows,
+            gpu_sample=result.gpu_sample)
+        return [AuditedOutput(result.texts[row], leaf, request.input_salt, request.output_salt,
+                              result.output_ids[row],
                               request.user_salt if request.user is not None else None)
                 for row, (request, leaf) in enumerate(zip(batch.requests, leaves, strict=True))]
 
     def _seal_v1(self, batch: BatchResult) -> list[AuditedOutput]:
-        """``audit-record/v1`` records (a generator not bound to a log).
+        """``audit-record/v1`` records (a generator not sealing for a log).
 
         The rows' records share every leaf but those in ``ROW_LEAVES`` (and the optional
         ones), so they are canonicalized through one layout (``RecordFamily``) instead
         of one full encoding each.
         """
         rows = len(batch.requests)
-        padded_length = len(batch.input_ids[0])
+        sections = self.sections(batch.environment)
+        request_list, result = batch.requests, batch.result
+        padded_length = len(result.input_ids[0])
         batch_id = uuid.uuid4().hex  # lets an auditor regroup the records of one generate
         created_at = utc_timestamp()  # the records of one batch are sealed together
         generation = {k: json_number(v) if isinstance(v, float) else v
-                      for k, v in batch.params.to_dict().items()}  # same bytes, fast path
-        timings = timings_json(batch.timings_ms)
-        family = RecordFamily(self._sections, ROW_LEAVES)
+                      for k, v in result.params.to_dict().items()}  # same bytes, fast path
+        timings = timings_json(result.timings_ms)
+        family = RecordFamily(sections, ROW_LEAVES)
         padding_side, multiple = self.contract.padding_side, self.contract.pad_to_multiple_of
-        model, hardware, software = (self._model.value, self._hardware.value,
-                                     self._software.value)
+        model, hardware, software = (sections["model"].value, sections["hardware"].value,
+                                     sections["software"].value)
         results = []
-        for row, request in enumerate(batch.requests):
-            mask = batch.attention_mask[row]
+        for row, request in enumerate(request_list):
+            mask = result.attention_mask[row]
             real = sum(mask)
             padding = padded_length - real
-            text = batch.texts[row]
-            output_ids = batch.output_ids[row]
+            text = result.texts[row]
+            output_ids = result.output_ids[row]
             data = DataFingerprint(
                 input_commitment=commit_text(request.input_salt, request.prompt),
                 input_bytes=len(request.prompt.encode("utf-8")),
                 input_shape=[rows, padded_length],
-                input_ids_digest=token_ids_digest(batch.input_ids[row]),
+                input_ids_digest=token_ids_digest(result.input_ids[row]),
                 input_token_count=real,
-                truncated=batch.truncated[row],
+                truncated=result.truncated[row],
                 attention_mask=MaskPattern(
                     length=padded_length,
                     real_tokens=real,
@@ -450,7 +362,7 @@ class AuditedGenerator:
                 output_ids_digest=token_ids_digest(output_ids),
                 output_token_count=len(output_ids),
                 output_commitment=commit_text(request.output_salt, text),
-                finish_reason=batch.finish_reasons[row],
+                finish_reason=result.finish_reasons[row],
                 generation=generation,
                 batch={
                     "id": batch_id,
@@ -459,6 +371,7 @@ class AuditedGenerator:
                     "padded_length": padded_length,
                     "pad_to_multiple_of": multiple,
                     "padding_applied": padding,
+                    "engine": result.engine_id,
                 },
             )
             data_members = data.to_dict()
@@ -470,6 +383,9 @@ class AuditedGenerator:
             if request.user is not None:
                 data_members["user_commitment"] = commit_text(request.user_salt, request.user)
                 optional += ("data.user_commitment",)
+            if result.gpu_sample is not None:  # a GPU engine: the batch's NVML sample
+                data_members["gpu_sample"] = result.gpu_sample
+                optional += ("data.gpu_sample",)
             if request.stream_start_id is not None:
                 data_members["stream_start_record_id"] = request.stream_start_id
                 optional += ("data.stream_start_record_id",)
@@ -489,8 +405,7 @@ class AuditedGenerator:
         """The start record of a streamed request: input commitment, fingerprints and
         parameters, committed before any of its tokens leaves the server."""
         return build_stream_start(
-            tenant=request.tenant, model=self._model, hardware=self._hardware,
-            software=self._software,
+            tenant=request.tenant, **self.sections(self.environment()),
             input_commitment=commit_text(request.input_salt, request.prompt),
             input_bytes=len(request.prompt.encode("utf-8")),
             generation=request.params.to_dict(), route=route)

@@ -93,13 +93,13 @@ def replay(record: dict[str, Any], prompt: str, *, model_dir: Path | None = None
                                     stop=tuple(data.get("stop", ())))
     except LedgerError:
         raise
-    result = generator.run_batch([request], min_length=data["batch"]["padded_length"])
+    result = generator.run_batch([request], min_length=data["batch"]["padded_length"]).result
     replayed = token_ids_digest(result.output_ids[0])
     differences = (
-        fingerprint_differences(record["hardware"], generator.hardware.to_dict(), "hardware")
+        fingerprint_differences(record["hardware"], generator.hardware, "hardware")
         + fingerprint_differences(
             {k: v for k, v in record["software"].items() if k != "tokenization_contract"},
-            generator.software.to_dict(), "software")
+            generator.software, "software")
     )
     return ReplayResult(
         reproduced=replayed == data["output_ids_digest"],
@@ -147,7 +147,7 @@ def replay_v2(record: dict[str, Any], environment: dict[str, Any], prompt: str, 
     generation = {k: v for k, v in data["generation"].items() if k != "do_sample"}
     request = generator.prepare(prompt, GenerationParams(**generation),
                                 truncate=bool(data["truncated"]), stop=stop)
-    result = generator.run_batch([request], min_length=data["shape"][1])
+    result = generator.run_batch([request], min_length=data["shape"][1]).result
     ids = commitments.token_ids_bytes(result.output_ids[0])
     replayed = commitments.commit(output_salt, commitments.OUTPUT_IDS, ids)
     real_input = [token for token, kept in zip(result.input_ids[0], result.attention_mask[0],
@@ -156,10 +156,8 @@ def replay_v2(record: dict[str, Any], environment: dict[str, Any], prompt: str, 
         record["commitments"]["input_ids"], input_salt, commitments.INPUT_IDS,
         commitments.token_ids_bytes(real_input))
     differences = (
-        fingerprint_differences(environment["hardware"], generator.hardware.to_dict(),
-                                "hardware")
-        + fingerprint_differences(environment["software"], generator.software.to_dict(),
-                                  "software"))
+        fingerprint_differences(environment["hardware"], generator.hardware, "hardware")
+        + fingerprint_differences(environment["software"], generator.software, "software"))
     return ReplayResult(
         reproduced=replayed == record["commitments"]["output_ids"],
         recorded_output_digest=record["commitments"]["output_ids"],

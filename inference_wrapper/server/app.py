@@ -8,12 +8,13 @@ checkpoint, the ledger commits what is queued and closes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +24,7 @@ from prometheus_client import Gauge
 
 from inference_wrapper.audit.batcher import Batcher
 from inference_wrapper.audit.generator import AuditedGenerator, LogBinding
+from inference_wrapper.engine.supervised import SupervisedEngine
 from inference_wrapper.server import logging_setup
 from inference_wrapper.server.appkeys import (
     ANCHOR_WORKER,
@@ -40,6 +42,7 @@ from inference_wrapper.server.appkeys import (
     TRACER,
     VAULT,
 )
+from inference_wrapper.server.console import setup_console
 from inference_wrapper.server.content import vault_context
 from inference_wrapper.server.idempotency import Idempotency
 from inference_wrapper.server.metrics import Metrics
@@ -55,7 +58,6 @@ from ledger.anchor.local import LocalAnchor
 from ledger.anchor.worker import AnchorWorker
 from ledger.checkpoint import NoteSigner
 from ledger.errors import LedgerError, WorkerDiedError
-from ledger.leaves.record_v2 import EnvironmentRef
 from ledger.store.apikeys import ApiKeyStore
 from ledger.store.integrator import Integrator
 from ledger.store.keys import LogIdentity, open_log_identity
@@ -274,21 +276,47 @@ async def anchor_context(app: web.Application) -> AsyncIterator[None]:
         log.warning("could not anchor the last checkpoint at shutdown; it stays pending")
 
 
+async def engine_context(app: web.Application) -> AsyncIterator[None]:
+    """Start the engine processes (each loads and verifies its model) before serving;
+    close them once the batcher has drained. In-process engines need neither."""
+    generator = app[GENERATOR]
+    supervised = [e for e in generator.engines if isinstance(e, SupervisedEngine)]
+    try:
+        for engine in supervised:
+            engine.on_environment = functools.partial(_engine_environment, generator)
+            if not engine.alive():
+                await engine.start()
+        yield
+    finally:
+        for engine in supervised:
+            await engine.close()
+
+
+def _engine_environment(generator: AuditedGenerator, environment: Mapping[str, Any]) -> None:
+    """An engine (re)started: refuse another model or contract; its records name the
+    environment it reports from now on."""
+    generator.check_environment(environment)
+    log.info("engine %s environment: %s on %s", environment["engine"],
+             environment["model"]["name"], environment["hardware"].get("accelerator_model")
+             or environment["hardware"].get("cpu_model"))
+
+
 async def batcher_context(app: web.Application) -> AsyncIterator[None]:
     from inference_wrapper.server.content import retain_hook
 
     settings = app[SETTINGS]
     metrics = app[METRICS]
-    # This engine's environment leaf goes into the log before its first record; records
-    # name it (decision 0026).
-    environment = app[GENERATOR].environment_leaf()
-    receipt = await app[LEDGER].append_async(environment)
     batcher = Batcher(app[GENERATOR], app[LEDGER], max_batch=settings.max_batch,
                       max_wait_ms=settings.max_wait_ms, queue_limit=settings.queue_limit,
                       observe=metrics.observe, retain=retain_hook(app[VAULT]),
                       retain_needed=app[VAULT].may_keep_content)
-    batcher.log = LogBinding(settings.origin,
-                             EnvironmentRef(receipt.leaf_index, environment.leaf_hash))
+    # Records are audit-record/v2 leaves naming their engine's environment leaf (decision
+    # 0026): each running engine's goes into the log now, before any record; an engine
+    # that starts, restarts or changes later gets its leaf before its first batch's records.
+    batcher.log = LogBinding(settings.origin)
+    for engine in app[GENERATOR].engines:
+        if engine.alive():
+            await batcher.log_environment(engine.environment())
     batcher.start()
     app[BATCHER] = batcher
     ledger = app[LEDGER]
@@ -354,11 +382,10 @@ def create_app(settings: Settings, generator: AuditedGenerator, *,
     app[METRICS].in_flight.set_function(lambda: float(lifecycle.in_flight))
     app.on_shutdown.append(mark_shutting_down)
     app.cleanup_ctx.extend([ledger_context, vault_context, receipts_context, integrator_context,
-                            anchor_context, witness_context, batcher_context,
+                            anchor_context, witness_context, engine_context, batcher_context,
                             supervisor_context, slo_context])
     app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])
     from inference_wrapper.server.tiles import tile_routes
     app.add_routes(tile_routes())  # the log as C2SP tlog-tiles at /tlog
-    from inference_wrapper.server.console import setup_console
     setup_console(app)  # the auditor's console at /console
     return app

@@ -24,6 +24,7 @@ from inference_wrapper.audit.batcher import (
 from inference_wrapper.audit.generator import PreparedRequest
 from inference_wrapper.engine.contract import ContextLengthError
 from inference_wrapper.engine.params import MAX_SEED, GenerationParams, Limits
+from inference_wrapper.engine.protocol import EngineDownError
 from inference_wrapper.server.appkeys import (
     ANCHOR_WORKER,
     BATCHER,
@@ -295,7 +296,7 @@ async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
         async with asyncio.timeout(request.app[SETTINGS].request_timeout_s):  # no extra task
             rendered = await work()
         return web.json_response(rendered[0], headers=rendered[1])
-    except (QueueFullError, ShuttingDownError, TimeoutError) as exc:
+    except (QueueFullError, ShuttingDownError, EngineDownError, TimeoutError) as exc:
         raise not_admitted(exc) from exc
     except CallerGoneError as exc:  # nobody reads this answer; it keeps the log clean
         raise Problem(503, "Service Unavailable", "the request was dropped before it ran: "
@@ -688,7 +689,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readiness_checks(app: web.Application) -> dict[str, bool]:
     """The named readiness checks (/readyz, and the SLO sampler's availability history)."""
-    checks = {"model_loaded": app[GENERATOR].loaded.model is not None}
+    checks = {"engine_serving": any(e.alive() for e in app[GENERATOR].engines)}
     status = app[ANCHOR_WORKER].current()
     checks["anchoring_within_slo"] = (not status.slo_breached
                                       or app[ANCHOR_WORKER].policy == "keep-serving")

@@ -27,7 +27,9 @@ from typing import Any
 from aiohttp import web
 
 from inference_wrapper.audit.batcher import Answer, QueueFullError, ShuttingDownError, TokenFeed
-from inference_wrapper.audit.generator import PreparedRequest, streamable_text
+from inference_wrapper.audit.generator import PreparedRequest
+from inference_wrapper.engine.generate import streamable_text
+from inference_wrapper.engine.protocol import EngineDownError
 from inference_wrapper.server.appkeys import BATCHER, GENERATOR, LEDGER, SETTINGS
 from inference_wrapper.server.problems import CommittedProblem, Problem, not_admitted
 from ledger.error_map import http_status_for
@@ -199,7 +201,7 @@ def _retrieved(task: asyncio.Future[Answer]) -> None:
 def failure(error: BaseException, start_id: str, *, streaming: bool) -> Problem:
     """What to answer (or, once text was sent, what the error line says) when the
     request fails after its start record committed."""
-    if isinstance(error, QueueFullError | ShuttingDownError | TimeoutError):
+    if isinstance(error, QueueFullError | ShuttingDownError | EngineDownError | TimeoutError):
         return not_admitted(error, f" (stream start record {start_id}; the completed record "
                             "may still be committed)" if streaming else "")
     if isinstance(error, ContentNotKeptError):  # before BackendError: its record did commit

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from inference_wrapper.server import console as console_module
+from inference_wrapper.server import console_pages
 from inference_wrapper.server.app import KEYS, LEDGER
 from ledger.anchor.store import SqlAnchorStore
 from ledger.checkpoint import NoteVerifier
@@ -41,7 +42,7 @@ async def test_session_cookie_is_httponly_samesite_strict_with_expiry(console: C
     assert "Max-Age=3600" in cookie
     assert console.tokens["auditor"] not in cookie
     page = await (await console.client.get("/console")).text()
-    assert "signed in as auditor (audit-firm)" in page
+    assert "signed in as auditor (every tenant)" in page
     assert console.tokens["auditor"] not in page
 
 
@@ -110,7 +111,7 @@ async def test_search_filters_by_tenant_driver_and_time(console: Console) -> Non
 
     async def ids(query: str) -> list[str]:
         page = await (await console.client.get(f"/console?{query}")).text()
-        return re.findall(r'class="record-link" href="/console/records/([^"]+)"', page)
+        return re.findall(r'class="record-link" href="/console/records/([^"?]+)\?leaf=', page)
 
     assert len(await ids("")) == 8
     assert await ids("tenant=bank-b") == console.synthetic_ids[1::2]
@@ -126,10 +127,10 @@ async def test_search_paginates_with_a_cursor(console: Console) -> None:
     url = "/console?limit=3"
     while url:
         page = await (await console.client.get(url)).text()
-        seen += re.findall(r'class="record-link" href="/console/records/([^"]+)"', page)
+        seen += re.findall(r'class="record-link" href="/console/records/([^"?]+)\?leaf=', page)
         more = re.search(r'id="next-page" href="([^"]+)"', page)
         url = more.group(1).replace("&amp;", "&") if more else ""
-    assert seen == [console.generated_id, *console.synthetic_ids]
+    assert seen == [*console.synthetic_ids, console.generated_id]
 
 
 async def test_bad_search_input_is_400_naming_the_field(console: Console) -> None:
@@ -149,10 +150,10 @@ async def test_csv_export_has_every_matching_row_across_pages(console: Console,
     assert response.status == 200
     assert response.headers["Content-Type"].startswith("text/csv")
     rows = list(csv.DictReader(io.StringIO(await response.text())))
-    assert [r["record_id"] for r in rows] == [console.generated_id,
-                                              *console.synthetic_ids[0::2]]
+    assert [r["record_id"] for r in rows] == [*console.synthetic_ids[0::2],
+                                              console.generated_id]
     assert rows[1]["driver_version"] == "550.54.15"
-    assert rows[-1]["driver_version"] == "560.35.03"
+    assert rows[-2]["driver_version"] == "560.35.03"
 
 
 def test_csv_cells_that_a_spreadsheet_would_run_are_defused() -> None:
@@ -184,7 +185,7 @@ async def test_record_page_carries_evidence_and_no_verdict(console: Console) -> 
 
 
 async def test_record_page_escapes_what_could_close_the_evidence_block() -> None:
-    block = console_module.evidence_script({"x": "</script><script>alert(1)</script>"})
+    block = console_pages.evidence_script({"x": "</script><script>alert(1)</script>"})
     assert block.count("</script>") == 1
     assert json.loads(block.split(">", 1)[1].rsplit("<", 1)[0]) == {
         "x": "</script><script>alert(1)</script>"}
@@ -216,7 +217,8 @@ async def test_plots_show_requests_per_minute_and_the_driver_change(console: Con
     assert '<span id="plot-count">8</span>' in page
     assert page.count("<rect ") == 8  # 7 synthetic minutes and the generated record's
     rows = re.findall(r'<tr class="change-row">(.*?)</tr>', page, re.S)
-    driver = [r for r in rows if "<td>driver</td>" in r and "560.35.03" in r]
+    driver = [r for r in rows if "<td>driver</td>" in r and "<code>550.54.15</code>" in r
+              and "<code>560.35.03</code>" in r]
     assert len(driver) == 1
     cells = re.findall(r"<td>(.*?)</td>", driver[0])
     assert cells[2:] == ["<code>550.54.15</code>", "4", "<code>560.35.03</code>", "3"]
@@ -287,11 +289,77 @@ async def test_an_expired_session_is_refused_even_if_the_browser_still_sends_it(
 
 def test_session_table_keeps_hashes_and_evicts_the_oldest_when_full() -> None:
     store = console_module.SessionStore(ttl_s=60.0, max_sessions=2)
-    first, _ = store.create("k1", "t", "auditor")
-    second, _ = store.create("k2", "t", "auditor")
-    third, _ = store.create("k3", "t", "auditor")
+    first, _ = store.create("k1", "t", "auditor", None)
+    second, _ = store.create("k2", "t", "auditor", None)
+    third, _ = store.create("k3", "t", "auditor", None)
     assert store.get(first) is None  # the oldest made room
     assert store.get(second) is not None and store.get(third) is not None
     assert first not in repr(store._sessions) and third not in repr(store._sessions)
     store.drop(third)
     assert store.get(third) is None
+
+
+# --- tenant scope: a tenant's admin sees only its tenant, on every page and export --------
+
+
+async def scoped_admin(console: Console) -> None:
+    token, _ = console.client.server.app[KEYS].create("bank-a", "admin")
+    assert (await sign_in(console.client, token)).status == 303
+
+
+def bank_a(console: Console) -> list[str]:
+    return [console.generated_id, *console.synthetic_ids[0::2]]
+
+
+async def test_scoped_admin_search_lists_only_its_tenant(console: Console) -> None:
+    await scoped_admin(console)
+    page = await (await console.client.get("/console")).text()
+    found = re.findall(r'class="record-link" href="/console/records/([^"?]+)\?leaf=', page)
+    assert sorted(found) == sorted(bank_a(console))
+    refused = await console.client.get("/console?tenant=bank-b")
+    assert refused.status == 403
+    assert 'data-field="tenant"' in await refused.text()
+
+
+async def test_scoped_admin_cannot_open_another_tenants_record(console: Console) -> None:
+    await scoped_admin(console)
+    other = await console.client.get(f"/console/records/{console.synthetic_ids[1]}")
+    assert other.status == 404  # not even whether it exists, as the API answers
+    own = await console.client.get(f"/console/records/{console.synthetic_ids[0]}")
+    assert own.status == 200
+
+
+async def test_scoped_admin_csv_export_holds_only_its_tenant(console: Console) -> None:
+    await scoped_admin(console)
+    text = await (await console.client.get("/console/records.csv")).text()
+    rows = list(csv.DictReader(io.StringIO(text.lstrip("\ufeff"))))
+    assert sorted(r["record_id"] for r in rows) == sorted(bank_a(console))
+    assert (await console.client.get("/console/records.csv?tenant=bank-b")).status == 403
+
+
+async def test_scoped_admin_bundle_export_holds_only_its_tenant(console: Console) -> None:
+    from ledger.bundle import Bundle
+
+    await scoped_admin(console)
+    response = await console.client.get("/console/records.bundle")
+    assert response.status == 200
+    bundle = Bundle.loads(await response.text())
+    assert sorted(e.record_id for e in bundle.entries) == sorted(bank_a(console))
+    assert (await console.client.get("/console/records.bundle?tenant=bank-b")).status == 403
+
+
+async def test_scoped_admin_plots_count_only_its_tenant(console: Console) -> None:
+    await scoped_admin(console)
+    page = await (await console.client.get("/console/plots?since=2026-11-30T08:00")).text()
+    count = re.search(r'id="plot-count">(\d+)<', page)
+    assert count is not None and int(count.group(1)) == 5  # generated + 4 synthetic bank-a
+    assert (await console.client.get("/console/plots?tenant=bank-b")).status == 403
+
+
+async def test_a_forged_huge_cursor_is_a_clear_400_not_a_500(console: Console) -> None:
+    await sign_in(console.client, console.tokens["auditor"])
+    forged = base64.urlsafe_b64encode(f"after:{10**30}".encode()).decode().rstrip("=")
+    for path in ("/console", "/console/records.csv"):
+        response = await console.client.get(f"{path}?cursor={forged}")
+        assert response.status == 400
+        assert 'data-field="cursor"' in await response.text()

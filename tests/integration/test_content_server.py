@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +31,18 @@ class CountingGenerator(WrappedGenerator):
         super().__init__(inner, gate_open=True)
         self.generated = 0
 
-    def run_batch(self, requests: Sequence[Any], min_length: int = 0) -> Any:
-        self.generated += len(requests)
+    def run_batch(self, batch: Any, on_step: Any = None) -> Any:
+        self.generated += len(batch.prompts)
         self.wait_for_gate()
-        return self.inner.run_batch(requests, min_length)
+        return super().run_batch(batch, on_step)
 
 
 class NoStreaming(WrappedGenerator):
     """The tiny generator with no streamer: a stream's text is all there only once its
     record is committed, so a failure comes before any text (and before the headers)."""
 
-    def run_batch(self, requests: Sequence[Any], min_length: int = 0,
-                  on_step: Any = None) -> Any:
-        return self.inner.run_batch(requests, min_length)
+    def run_batch(self, batch: Any, on_step: Any = None) -> Any:
+        return super().run_batch(batch)
 
 
 class HeldSeal(WrappedGenerator):
@@ -448,3 +447,19 @@ async def test_a_record_refused_after_text_was_streamed_says_it_was_not_committe
     start_id = chunks[0]["id"].removeprefix("chatcmpl-")
     assert f"stream start record {start_id} is in the log" in error["message"]
     assert app[LEDGER].tree_head()[0] == ENV + 1
+
+
+async def test_retention_days_beyond_the_bound_are_422_never_500(service: Any) -> None:
+    client, app, tokens = service
+    for days in (36_526, 10_000_000, 10**12, 10**30):
+        response = await client.put("/v1/admin/retention", json={"mode": "content",
+                                                                 "days": days},
+                                    headers=bearer(tokens["admin"]))
+        problem = await response.json()
+        assert (response.status, problem["field"]) == (422, "days"), (days, problem)
+    policy = await client.get("/v1/admin/retention", headers=bearer(tokens["admin"]))
+    assert (await policy.json())["mode"] == "commitments"  # nothing changed
+    # Generating for the tenant still works (no record committed without its content).
+    answer = await client.post("/v1/generate", json={"prompt": "hi", "max_new_tokens": 2},
+                               headers=bearer(tokens["client"]))
+    assert answer.status == 200

@@ -25,6 +25,7 @@ from inference_wrapper.defaults import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME, PI
 from inference_wrapper.engine.contract import tokenizer_digest
 from inference_wrapper.engine.modelfiles import load_manifest, manifest_digest
 from inference_wrapper.engine.params import GenerationParams
+from inference_wrapper.engine.protocol import EngineResult
 from ledger.leaves import commitments
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.record_v2 import EnvironmentRef
@@ -59,12 +60,13 @@ def _batch(generator: AuditedGenerator) -> BatchResult:
     request = generator.prepare(PROMPT, GenerationParams(max_new_tokens=8), tenant="acme")
     encoded, truncated = generator.contract.encode(generator.loaded.tokenizer, [PROMPT])
     output_ids = generator.loaded.tokenizer(OUTPUT, add_special_tokens=False)["input_ids"]
-    return BatchResult(requests=[request], params=request.params,
-                       input_ids=encoded["input_ids"].tolist(),
-                       attention_mask=encoded["attention_mask"].tolist(),
-                       output_ids=[output_ids], finish_reasons=["stop"], texts=[OUTPUT],
-                       truncated=truncated, timings_ms={"tokenize": 0.1, "forward": 5.0,
-                                                        "decode": 0.1})
+    result = EngineResult(engine_id="engine-0", params=request.params,
+                          input_ids=encoded["input_ids"].tolist(),
+                          attention_mask=encoded["attention_mask"].tolist(),
+                          output_ids=[output_ids], texts=[OUTPUT], finish_reasons=["stop"],
+                          truncated=truncated, timings_ms={"tokenize": 0.1, "forward": 5.0,
+                                                           "decode": 0.1})
+    return BatchResult([request], result, generator.environment())
 
 
 def _strings(value: Any) -> Iterable[str]:
@@ -128,7 +130,8 @@ def test_the_attack_finds_the_pin_in_a_v1_record(generator: AuditedGenerator) ->
 def test_the_attack_finds_nothing_in_a_v2_record_and_its_environment(
         generator: AuditedGenerator) -> None:
     environment = generator.environment_leaf()
-    log = LogBinding("attack.example/log", EnvironmentRef(0, environment.leaf_hash))
+    log = LogBinding("attack.example/log")
+    log.bind(generator.environment(), EnvironmentRef(0, environment.leaf_hash))
     output = generator.seal(_batch(generator), log)[0]
     record = output.record
     assert isinstance(record, Leaf) and record.kind == "audit-record/v2"
@@ -142,7 +145,7 @@ def test_the_attack_finds_nothing_in_a_v2_record_and_its_environment(
     held = record.content["commitments"]
     assert commitments.opens(held["input"], output.input_salt, "input", PROMPT.encode())
     assert commitments.opens(held["output"], output.output_salt, "output", OUTPUT.encode())
-    real = [t for t, m in zip(_batch(generator).input_ids[0],
-                              _batch(generator).attention_mask[0], strict=True) if m]
+    batch = _batch(generator).result
+    real = [t for t, m in zip(batch.input_ids[0], batch.attention_mask[0], strict=True) if m]
     assert commitments.opens(held["input_ids"], output.input_salt, "input_ids", _int64(real))
     assert record.content["data"]["input_token_count"] == len(real)

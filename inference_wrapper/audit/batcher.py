@@ -89,6 +89,21 @@ class CallerGoneError(LedgerError):
     """The request was dropped before generate: its caller disconnected."""
 
 
+@dataclass(eq=False)
+class Slot:
+    """A place in the one bound, taken before a request writes anything (a stream's
+    start record): a request refused for load is refused before it leaves a trace."""
+
+    batcher: Batcher
+    used: bool = False  # handed to submit, which counts it from there
+
+    def release(self) -> None:
+        """Give the place back unused (the request failed before submit)."""
+        if not self.used:
+            self.used = True
+            self.batcher._release_slot()
+
+
 @dataclass
 class Answer:
     output: AuditedOutput
@@ -198,9 +213,7 @@ class Batcher:
         waiting, self._waiting = self._waiting, []
         self._finish(waiting, error)
 
-    async def submit(self, request: PreparedRequest,
-                     caller_alive: Callable[[], bool] | None = None,
-                     feed: TokenFeed | None = None) -> Answer:
+    def _admit(self) -> None:
         if self.failure is not None:
             raise WorkerDiedError("batcher")
         if not any(engine.alive() for engine in self.engines):
@@ -210,10 +223,34 @@ class Batcher:
         if self.outstanding >= self.queue_limit:
             raise QueueFullError(f"too much outstanding work ({self.queue_limit} requests "
                                  "waiting, generating or being recorded)")
-        job = _Job(request, asyncio.get_running_loop().create_future(), time.perf_counter(),
-                   time.time_ns(), caller_alive, feed)
         self.outstanding += 1
         self._idle.clear()
+
+    def reserve(self) -> Slot:
+        """Take a place in the bound now (raises as ``submit`` would); pass it to
+        ``submit`` or ``release`` it."""
+        self._admit()
+        return Slot(self)
+
+    def _release_slot(self) -> None:
+        self.outstanding -= 1
+        if self.outstanding == 0:
+            self._idle.set()
+
+    async def submit(self, request: PreparedRequest,
+                     caller_alive: Callable[[], bool] | None = None,
+                     feed: TokenFeed | None = None, slot: Slot | None = None) -> Answer:
+        if slot is None:
+            self._admit()
+        elif slot.used:
+            raise ValueError("a slot is used once")
+        else:
+            slot.used = True
+            if self.failure is not None or not self._accepting:  # it changed meanwhile
+                self._release_slot()
+                self._admit()  # raises the reason
+        job = _Job(request, asyncio.get_running_loop().create_future(), time.perf_counter(),
+                   time.time_ns(), caller_alive, feed)
         self._waiting.append(job)
         self._wakeup.set()
         try:

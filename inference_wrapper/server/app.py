@@ -32,6 +32,7 @@ from inference_wrapper.server.appkeys import (
     GENERATOR,
     IDEMPOTENCY,
     INTEGRATOR,
+    JOURNAL,
     KEYS,
     LEDGER,
     LIFECYCLE,
@@ -45,6 +46,7 @@ from inference_wrapper.server.appkeys import (
 from inference_wrapper.server.console import setup_console
 from inference_wrapper.server.content import vault_context
 from inference_wrapper.server.idempotency import Idempotency
+from inference_wrapper.server.journal import WatchedJournal
 from inference_wrapper.server.metrics import Metrics
 from inference_wrapper.server.problems import Problem, internal_error, problem_for
 from inference_wrapper.server.replica import last_seal
@@ -185,8 +187,13 @@ async def receipts_context(app: web.Application) -> AsyncIterator[None]:
     # Answers are stored encrypted under the tenant's KEK: an erasure kills them too.
     store = ReceiptStore(app[LEDGER].engine, ttl_s=settings.idempotency_ttl_s,
                          keks=app[VAULT].keks)
-    idempotency = Idempotency(store, settings.request_timeout_s)
+    idempotency = Idempotency(store, settings.request_timeout_s,
+                              settle_timeout_s=settings.shutdown_grace_s)
     app[IDEMPOTENCY] = idempotency
+    try:
+        await idempotency.recover()  # claims of this host's dead processes are freed
+    except Exception:  # the database is away: such claims go stale as before
+        log.warning("could not look for idempotency claims of dead processes")
 
     async def purge() -> None:
         while True:
@@ -306,7 +313,8 @@ async def batcher_context(app: web.Application) -> AsyncIterator[None]:
 
     settings = app[SETTINGS]
     metrics = app[METRICS]
-    batcher = Batcher(app[GENERATOR], app[LEDGER], max_batch=settings.max_batch,
+    journal = app[JOURNAL] = WatchedJournal(app[LEDGER])
+    batcher = Batcher(app[GENERATOR], journal, max_batch=settings.max_batch,
                       max_wait_ms=settings.max_wait_ms, queue_limit=settings.queue_limit,
                       observe=metrics.observe, retain=retain_hook(app[VAULT]),
                       retain_needed=app[VAULT].may_keep_content)
@@ -346,7 +354,7 @@ async def batcher_context(app: web.Application) -> AsyncIterator[None]:
           registry=metrics.registry).set_function(
               lambda: float(logging_setup.ACTIVE.dropped if logging_setup.ACTIVE else 0))
     yield
-    await batcher.drain(timeout_s=settings.request_timeout_s)
+    await batcher.drain(timeout_s=settings.shutdown_grace_s)
 
 
 async def supervisor_context(app: web.Application) -> AsyncIterator[None]:

@@ -306,6 +306,7 @@ async def test_health_readiness_metrics(service: Any) -> None:
     ready = await (await client.get("/readyz")).json()
     replica = ready.pop("replica")
     assert ready == {"ready": True, "checks": {"engine_serving": True, "ledger_reachable": True,
+                                               "ledger_appending": True,
                                                "anchoring_within_slo": True,
                                                "anchor_configured": True,
                                                "worker:ledger-writer": True,

@@ -68,6 +68,8 @@ from ledger.client.bundle_stream import bundle_chunks, count_matching
 from ledger.client.database import DatabaseSource
 from ledger.client.sources import RecordNotFoundError, gather
 from ledger.errors import BackendError, InvalidInputError
+from ledger.leaves.record_v2 import RECORD_KIND
+from ledger.record import RECORD_SCHEMA
 from ledger.store.schema import anchors, api_keys, checkpoints
 from ledger.store.sql import QUERY_FILTERS, RecordRow, SqlLedger, decode_cursor
 
@@ -481,8 +483,10 @@ def _plot_points(ledger: SqlLedger, since: datetime, until: datetime,
     while len(points) < PLOT_MAX_RECORDS:
         rows, cursor = ledger.query(since=since, until=until, limit=5000, cursor=cursor,
                                     tenant=tenant)
-        points.extend(Point.from_record(r.created_at, r.columns, json.loads(r.canonical))
-                      for r in rows)
+        for r in rows:  # inference records only: environment and other leaves have no timings
+            body = json.loads(r.leaf_body)
+            if body.get("schema") in (RECORD_SCHEMA, RECORD_KIND):
+                points.append(Point.from_record(r.created_at, r.columns, body))
         if cursor is None:
             break
     return points[:PLOT_MAX_RECORDS]

@@ -38,6 +38,7 @@ class Console:
     synthetic_ids: list[str]
     witness_key: str  # a witness that cosigned the latest checkpoint (pinned out of band)
     app: Any
+    environment_id: str  # the environment leaf the service appended when it started
 
     @property
     def base_url(self) -> str:
@@ -56,7 +57,9 @@ def synthetic(i: int) -> Any:
 async def console(aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: Any) -> Console:
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'ledger.db'}",
                         log_key_path=tmp_path / "log.key", max_wait_ms=5.0,
-                        checkpoint_interval_s=0.2, anchor_interval_s=0.2)
+                        checkpoint_interval_s=0.2, anchor_interval_s=0.2,
+                        # The synthetic records are of a past day, appended now.
+                        max_created_lag_s=10 * 365 * 86400.0)
     app = create_app(settings, tiny_generator)
     client = await aiohttp_client(app)
     keys = app[KEYS]
@@ -75,8 +78,9 @@ async def console(aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: An
                                       headers={"Authorization": f"Bearer {tokens['client']}"}
                                       )).json()
     witness = await asyncio.to_thread(cosign_latest, app)
+    first, _ = await asyncio.to_thread(ledger.query, limit=1)
     return Console(client, tokens, app[SIGNER].verifier().encode(), answer["record_id"], ids,
-                   witness, app)
+                   witness, app, first[0].record_id)
 
 
 def cosign_latest(app: Any) -> str:

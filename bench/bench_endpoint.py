@@ -130,9 +130,9 @@ def start_service(args: list[str], env: dict[str, str]) -> tuple[subprocess.Pope
     return proc, token
 
 
-async def wait_ready(base: str) -> None:
+async def wait_ready(base: str, timeout_s: float = 600.0) -> None:
     async with aiohttp.ClientSession() as session:
-        for _ in range(1200):  # two minutes: a loaded machine loads torch slowly
+        for _ in range(int(timeout_s * 10)):  # a loaded machine loads torch slowly
             try:
                 async with session.get(f"{base}/readyz") as response:
                     if response.status == 200:

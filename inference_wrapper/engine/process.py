@@ -76,6 +76,7 @@ class ProcessEngine:
         self._next_id = 0
         self._down = True
         self._tasks: list[asyncio.Task[Any]] = []
+        self._relay: asyncio.Task[None] | None = None
 
     async def spawn(self, timeout_s: float = 600.0) -> None:
         """Start the process and wait until it is warm (model stack imported, nothing
@@ -85,10 +86,14 @@ class ProcessEngine:
             self._process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "inference_wrapper.engine.worker",
                 self.spec.argument(theirs.fileno()), pass_fds=(theirs.fileno(),),
-                stdin=asyncio.subprocess.DEVNULL, env={**os.environ, **self.spec.env})
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, env={**os.environ, **self.spec.env})
         finally:
             theirs.close()  # the child holds its end; ours sees EOF when it dies
         self.pid = self._process.pid
+        assert self._process.stdout is not None
+        self._relay = asyncio.get_running_loop().create_task(
+            _relay(self._process.stdout, self.engine_id), name=f"{self.engine_id}-output")
         self._reader, self._writer = await asyncio.open_unix_connection(sock=ours)
         await self._expect("warm", timeout_s)
 
@@ -132,6 +137,8 @@ class ProcessEngine:
             await self._process.wait()
         if self._writer is not None:
             self._writer.close()
+        if self._relay is not None:
+            await asyncio.wait([self._relay], timeout=30)  # its output, to the last line
 
     def environment(self) -> Mapping[str, Any]:
         if self._environment is None:
@@ -193,6 +200,8 @@ class ProcessEngine:
                 log.error("engine %s (pid %s) exited with %s", self.engine_id, self.pid, code)
         if self._writer is not None:
             self._writer.close()
+        if self._relay is not None:
+            await asyncio.wait([self._relay], timeout=30)
 
     async def close(self, timeout_s: float = 30.0) -> None:
         """Ask the process to exit after its batch; kill it if it does not."""
@@ -208,3 +217,18 @@ class ProcessEngine:
         for task in self._tasks:
             await asyncio.wait([task], timeout=timeout_s)
         self._writer.close()
+        if self._relay is not None:
+            await asyncio.wait([self._relay], timeout=timeout_s)
+
+
+async def _relay(output: asyncio.StreamReader, engine_id: str) -> None:
+    """The engine's output, line by line, into this process's log: always read (an
+    unread pipe would stall the engine), and subject to the log's own drop policy."""
+    while True:
+        try:
+            line = await output.readline()
+        except ValueError:  # a line over the stream's limit: take it in pieces
+            line = await output.read(1 << 16)
+        if not line:
+            return
+        log.info("engine %s: %s", engine_id, line.decode(errors="replace").rstrip())

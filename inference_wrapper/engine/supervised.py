@@ -68,6 +68,9 @@ class SupervisedEngine:
         await self._spawn()
 
     async def _spawn(self) -> None:
+        if self._reserve is None and self._reserving is not None:
+            # A reserve is part-way through its start: finishing it beats starting over.
+            await asyncio.wait([self._reserving])
         engine, self._reserve = self._reserve, None
         if engine is None or not engine.warm:
             engine = ProcessEngine(self.spec, on_exit=self._exited)
@@ -90,17 +93,21 @@ class SupervisedEngine:
                 self._keep_reserve(), name=f"{self.engine_id}-reserve")
 
     async def _keep_reserve(self) -> None:
+        spare = ProcessEngine(self.spec, on_exit=self._exited)
         try:
-            spare = ProcessEngine(self.spec, on_exit=self._exited)
             await spare.spawn()
-            if self._closing:
-                await spare.discard()
-            else:
-                self._reserve = spare
+        except asyncio.CancelledError:  # closing: the half-started process goes too
+            await asyncio.shield(spare.discard())
+            raise
         except Exception:  # no reserve: the next restart starts a process from scratch
             log.exception("engine %s: no warm reserve", self.engine_id)
+            return
         finally:
             self._reserving = None
+        if self._closing:
+            await spare.discard()
+        else:
+            self._reserve = spare
 
     def _exited(self, engine: ProcessEngine) -> None:
         if engine is not self._current:

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         # Not web.run_app: it closes the listener at SIGTERM, refusing new connections
         # instead of answering them 503 while the requests in flight drain.
         serve.run(app, settings.host, settings.port,
-                  drain_timeout_s=settings.request_timeout_s)
+                  drain_timeout_s=settings.shutdown_grace_s)
         dead = app[LIFECYCLE].dead_worker
         if dead is not None:  # logged, not printed: a stalled stderr must not hang the exit
             logging.getLogger("audit_ledger").critical(

@@ -4,8 +4,12 @@ its reason. Pure: evidence in, verdict out; fetching evidence is someone else's 
 The numbers are stable (scripts and the README refer to them):
 
 1. the record's canonical bytes hash to its leaf hash (and name the asked-for record);
-   a source that answered but has no such record fails here too;
-2. the inclusion proof leads from that leaf to the checkpoint's root;
+   a source that answered but has no such record fails here too. For a v2 leaf
+   (decision 0026) the bytes are its envelope: the body must hash to the envelope's
+   digest and agree with its kind, time and tenant tag, and a v2 record's environment
+   leaf must open the same way and be the leaf (index and hash) the record names;
+2. the inclusion proof leads from that leaf to the checkpoint's root (and, for a v2
+   record, its environment leaf's own proof to the same root);
 3. the checkpoint is signed by the pinned log key;
 4. the checkpoint is no rollback of, and no fork from, the last checkpoint this verifier
    saw, is consistent with the anchored checkpoint, and someone other than the operator
@@ -31,7 +35,12 @@ from ledger.checkpoint import Checkpoint, NoteVerifier, check_extends
 from ledger.cosignature import WitnessKey, valid_cosigners
 from ledger.digest import commitment_matches
 from ledger.error_map import EXIT_CHECK_FAILED, EXIT_OK
-from ledger.errors import LedgerError, VerificationError
+from ledger.errors import LeafBindingError, LedgerError, VerificationError
+from ledger.leaves import commitments
+from ledger.leaves.envelope import Leaf, is_envelope
+from ledger.leaves.environment import ENVIRONMENT_KIND, fingerprints
+from ledger.leaves.kinds import open_leaf
+from ledger.leaves.record_v2 import RECORD_KIND
 from ledger.record import validate_body
 
 CHECK_NAMES = {
@@ -42,6 +51,10 @@ CHECK_NAMES = {
     5: "prompt and output open their commitments",
     6: "replay reproduces the output",
 }
+
+# What a verdict lets the verifier remember (``Verdict.state_note``).
+CHECKPOINT = "checkpoint"
+ANCHOR = "anchor"
 
 # Trust levels check 4 can reach (``Check.level``), strongest first.
 FABRIC = "fabric"
@@ -72,6 +85,17 @@ class QuorumError(VerificationError):
 
 
 @dataclass(frozen=True)
+class LeafEvidence:
+    """Another leaf a v2 record depends on (its environment), with its own proof to the
+    same checkpoint as the record's."""
+
+    leaf_index: int
+    envelope: bytes
+    body: bytes
+    inclusion_proof: Sequence[bytes]
+
+
+@dataclass(frozen=True)
 class Evidence:
     """Everything needed to verify one record against one checkpoint."""
 
@@ -95,6 +119,10 @@ class Evidence:
     # How many leaves the source's log holds, when it can tell (a database): a signed
     # checkpoint larger than that covers entries the log no longer has (check 4).
     log_size: int | None = None
+    # A v2 leaf's body (``canonical`` is then its envelope) and, for a v2 record, the
+    # environment leaf it names.
+    body: bytes | None = None
+    environment: LeafEvidence | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +191,11 @@ class Verdict:
     checks: list[Check] = field(default_factory=list)
     checkpoint: Checkpoint | None = None
     record: dict[str, Any] | None = None
+    # The note this verifier may remember after this verdict: the checkpoint when it meets
+    # the trust policy itself, else the anchored note that does (a prefix of it), else
+    # None. Only meaningful when the verdict is ok.
+    state_note: bytes | None = None
+    environment: dict[str, Any] | None = None  # a v2 record's environment body, once checked
 
     @property
     def ok(self) -> bool:
@@ -181,8 +214,9 @@ class Verdict:
 
     @property
     def advances_state(self) -> bool:
-        """Whether the verifier may remember this checkpoint: verified, and vouched for
-        itself (not only through an older anchored checkpoint that covers the record)."""
+        """Whether the verifier may remember this very checkpoint: verified, and vouched
+        for itself (not only through an older anchored checkpoint that covers the
+        record; ``state_note`` then says what it may remember instead)."""
         return self.ok and all(c.advances for c in self.checks if c.number == 4)
 
     @property
@@ -205,11 +239,14 @@ class Verdict:
         return passed is not False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"record_id": self.record_id, "verified": self.ok, "trust": self.trust,
-                "summary": self.summary,
-                "failed_check": self.failed.number if self.failed else None,
-                "tree_size": self.checkpoint.size if self.checkpoint else None,
-                "checks": [c.to_dict() for c in self.checks]}
+        result = {"record_id": self.record_id, "verified": self.ok, "trust": self.trust,
+                  "summary": self.summary,
+                  "failed_check": self.failed.number if self.failed else None,
+                  "tree_size": self.checkpoint.size if self.checkpoint else None,
+                  "checks": [c.to_dict() for c in self.checks]}
+        if self.environment is not None:  # a v2 record's, from its checked environment leaf
+            result["environment"] = fingerprints(self.environment)
+        return result
 
 
 def record_missing(record_id: str, reason: str) -> Verdict:
@@ -237,7 +274,8 @@ def verify_record(
     # Check 1: bytes -> leaf hash, and the bytes are the record that was asked for.
     # (Canonical spelling is the writer's job and fsck's; here the bytes must only have
     # one meaning: no duplicate keys, no NaN.)
-    body = _check_record(verdict, evidence, leaf)
+    body = (_check_leaf_v2(verdict, evidence, leaf, origin)
+            if is_envelope(evidence.canonical) else _check_record(verdict, evidence, leaf))
     if body is None:
         return _skip_rest(verdict, {2, 3, 4, 5})
 
@@ -271,16 +309,32 @@ def verify_record(
     except LedgerError as exc:
         verdict.add(2, False, f"inclusion proof does not hold: {exc}")
         return _skip_rest(verdict, {4, 5})
-    verdict.add(2, True, f"leaf {evidence.leaf_index} is in the tree of size {checkpoint.size}")
+    where = f"leaf {evidence.leaf_index}"
+    if verdict.environment is not None and evidence.environment is not None:
+        environment = evidence.environment
+        try:
+            merkle.verify_inclusion(merkle.hash_leaf(environment.envelope),
+                                    environment.leaf_index, checkpoint.size,
+                                    environment.inclusion_proof, checkpoint.root)
+        except LedgerError as exc:
+            verdict.add(2, False, f"the environment leaf's inclusion proof does not hold: "
+                        f"{exc}")
+            return _skip_rest(verdict, {4, 5})
+        where += f" and its environment leaf {environment.leaf_index} are"
+    else:
+        where += " is"
+    verdict.add(2, True, f"{where} in the tree of size {checkpoint.size}")
 
     # Check 4: no rollback or fork, anchored, and vouched for by someone else.
     try:
-        reasons, level, advances = _check_history(evidence, verifier, origin, checkpoint,
+        reasons, level, remember = _check_history(evidence, verifier, origin, checkpoint,
                                                   seen_note, policy)
     except LedgerError as exc:
         verdict.add(4, False, f"{type(exc).__name__}: {exc}")
         return _skip_rest(verdict, {5})
-    verdict.add(4, True, "; ".join(reasons), level, advances)
+    verdict.add(4, True, "; ".join(reasons), level, remember == CHECKPOINT)
+    verdict.state_note = (evidence.checkpoint_note if remember == CHECKPOINT
+                          else evidence.anchored_note if remember == ANCHOR else None)
 
     _check_disclosure(verdict, body, disclosure or Disclosure())
     return verdict
@@ -306,11 +360,67 @@ def _check_record(verdict: Verdict, evidence: Evidence, leaf: bytes) -> dict[str
     return body
 
 
+def _check_leaf_v2(verdict: Verdict, evidence: Evidence, leaf: bytes, origin: str
+                   ) -> dict[str, Any] | None:
+    """Check 1 for a v2 leaf: envelope and body together, then the environment leaf a
+    record names (its inclusion is check 2's)."""
+    if evidence.body is None:
+        verdict.add(1, False, "the leaf is a v2 envelope and the source gave no body")
+        return None
+    try:
+        opened = open_leaf(evidence.canonical, evidence.body, origin)
+    except LedgerError as exc:
+        verdict.add(1, False, f"the v2 leaf does not open: {type(exc).__name__}: {exc}")
+        return None
+    if opened.record_id != evidence.record_id:
+        verdict.add(1, False, f"bytes are record {opened.record_id!r}, not "
+                    f"{evidence.record_id!r}")
+        return None
+    if evidence.log_leaf_hash is not None and evidence.log_leaf_hash != leaf:
+        verdict.add(1, False, f"envelope bytes hash to {leaf.hex()}, the log holds "
+                    f"{evidence.log_leaf_hash.hex()} at index {evidence.leaf_index}")
+        return None
+    reason = (f"envelope and body open as {opened.kind}; leaf hash {leaf.hex()} at index "
+              f"{evidence.leaf_index}")
+    if opened.kind == RECORD_KIND:
+        try:
+            environment = _check_environment(opened, evidence.environment, origin)
+        except LedgerError as exc:
+            verdict.add(1, False, f"{type(exc).__name__}: {exc}")
+            return None
+        verdict.environment = dict(environment.content)
+        reason += (f"; environment leaf {environment.content['record_id']} "
+                   f"({environment.leaf_hash.hex()}) opens and is the one named")
+    verdict.record = dict(opened.content)
+    verdict.add(1, True, reason)
+    return dict(opened.content)
+
+
+def _check_environment(record: Leaf, given: LeafEvidence | None, origin: str) -> Leaf:
+    named = record.content["environment"]
+    if given is None:
+        raise LeafBindingError(f"the record names environment leaf {named['leaf_index']} "
+                               "and the source gave none")
+    if given.leaf_index != named["leaf_index"]:
+        raise LeafBindingError(f"the source gave leaf {given.leaf_index} as the environment, "
+                               f"the record names leaf {named['leaf_index']}")
+    environment = open_leaf(given.envelope, given.body, origin)
+    if environment.kind != ENVIRONMENT_KIND:
+        raise LeafBindingError(f"leaf {given.leaf_index} is a {environment.kind}, not an "
+                               "environment")
+    if environment.leaf_hash.hex() != named["leaf_hash"]:
+        raise LeafBindingError(f"the environment leaf hashes to "
+                               f"{environment.leaf_hash.hex()}, the record names "
+                               f"{named['leaf_hash']}")
+    return environment
+
+
 def _check_history(evidence: Evidence, verifier: NoteVerifier, origin: str,
                    checkpoint: Checkpoint, seen_note: bytes | None,
-                   policy: TrustPolicy) -> tuple[list[str], str, bool]:
-    """Check 4. Raises the error that names the failure; returns reasons, level and
-    whether the checkpoint itself meets the policy (the state may advance to it).
+                   policy: TrustPolicy) -> tuple[list[str], str, str | None]:
+    """Check 4. Raises the error that names the failure; returns reasons, level and what
+    the verifier may remember: CHECKPOINT when it meets the policy itself, ANCHOR when
+    only the anchored checkpoint (a proven prefix of it) does, None when neither.
 
     An anchored checkpoint that covers the record proves the record even when the
     checkpoint is larger than it; but then nobody but the operator vouches for the
@@ -348,23 +458,25 @@ def _check_history(evidence: Evidence, verifier: NoteVerifier, origin: str,
     # (c) Who vouches for it besides the operator.
     covers_checkpoint = anchored is not None and anchored.size >= checkpoint.size
     if policy.fabric and evidence.anchor_from_fabric and anchored is not None:
-        advances = covers_checkpoint or _quorum_on_checkpoint(evidence, policy)
-        return (reasons + ["anchored on Fabric" + _no_advance(advances, checkpoint,
-                                                              anchored)], FABRIC, advances)
+        remember: str | None = CHECKPOINT if covers_checkpoint or _quorum_on_checkpoint(
+            evidence, policy) else ANCHOR  # the channel vouches for the anchored note
+        return (reasons + ["anchored on Fabric" + _no_advance(remember, checkpoint,
+                                                              anchored)], FABRIC, remember)
     if policy.witnesses:
         own = _cosigners(evidence.checkpoint_note, tuple(policy.witnesses))
-        found = dict(own)
+        found, by_anchor = dict(own), {}
         if anchored is not None and anchored.size > evidence.leaf_index:
             by_anchor = _cosigners(evidence.anchored_note or b"", tuple(policy.witnesses))
             found.update(by_anchor)
             if covers_checkpoint:
                 own = found
         if len(found) >= policy.required:
-            advances = len(own) >= policy.required
+            remember = (CHECKPOINT if len(own) >= policy.required
+                        else ANCHOR if len(by_anchor) >= policy.required else None)
             return reasons + [f"cosigned by {len(found)} of {len(policy.witnesses)} "
                               f"pinned witnesses ({', '.join(sorted(found))}; quorum "
                               f"{policy.required})"
-                              + _no_advance(advances, checkpoint, anchored)], WITNESSED, advances
+                              + _no_advance(remember, checkpoint, anchored)], WITNESSED, remember
         missing = [w.name for w in policy.witnesses if w.name not in found]
         raise QuorumError(sorted(found), missing, policy.required)
     if policy.fabric:
@@ -378,7 +490,7 @@ def _check_history(evidence: Evidence, verifier: NoteVerifier, origin: str,
             "vouches for itself; check a Fabric anchor (--fabric-*) or witness "
             "cosignatures (--witness), or accept this with --accept-self-anchored")
     return reasons + [f"SELF-ANCHORED: only the operator's own anchor ({where}); "
-                      "accepted by --accept-self-anchored"], SELF_ANCHORED, True
+                      "accepted by --accept-self-anchored"], SELF_ANCHORED, CHECKPOINT
 
 
 def _quorum_on_checkpoint(evidence: Evidence, policy: TrustPolicy) -> bool:
@@ -388,12 +500,15 @@ def _quorum_on_checkpoint(evidence: Evidence, policy: TrustPolicy) -> bool:
     return len(own) >= policy.required
 
 
-def _no_advance(advances: bool, checkpoint: Checkpoint, anchored: Checkpoint | None) -> str:
-    if advances or anchored is None:
+def _no_advance(remember: str | None, checkpoint: Checkpoint,
+                anchored: Checkpoint | None) -> str:
+    if remember == CHECKPOINT or anchored is None:
         return ""
+    kept = (f"remembers the anchored size {anchored.size}, not this one"
+            if remember == ANCHOR else "does not remember it")
     return (f" (the record is proven through the anchored size {anchored.size}; the "
             f"size-{checkpoint.size} checkpoint itself is vouched for by nobody but the "
-            "operator, so this verifier does not remember it)")
+            f"operator, so this verifier {kept})")
 
 
 @lru_cache(maxsize=64)
@@ -402,8 +517,19 @@ def _cosigners(note: bytes, witnesses: tuple[WitnessKey, ...]) -> dict[str, int]
     return valid_cosigners(note, witnesses)
 
 
+def opens_commitment(body: dict[str, Any], key: str, salt: bytes, value: bytes) -> bool:
+    """Does ``salt`` open the record's commitment ``key`` (v1 ``input_commitment`` /
+    ``output_commitment``) to ``value``? A v2 record holds them as labelled HMACs."""
+    if body.get("schema") == RECORD_KIND:
+        label = commitments.INPUT if key == "input_commitment" else commitments.OUTPUT
+        return commitments.opens(str(body["commitments"][label]), salt, label, value)
+    return commitment_matches(str(body.get("data", {}).get(key, "")), salt, value)
+
+
 def _check_disclosure(verdict: Verdict, body: dict[str, Any], disclosure: Disclosure) -> None:
     data = body.get("data", {})
+    if body.get("schema") == RECORD_KIND:  # the names check 5 looks for, present
+        data = {"input_commitment": True, "output_commitment": True}
     given = any(v is not None for v in (disclosure.prompt, disclosure.input_salt,
                                         disclosure.output, disclosure.output_salt))
     if given and "input_commitment" not in data and "output_commitment" not in data:
@@ -420,7 +546,7 @@ def _check_disclosure(verdict: Verdict, body: dict[str, Any], disclosure: Disclo
             notes.append(f"{label} given without its salt: commitment not opened")
         elif text is None:
             failures.append(f"{label} salt given without the {label} text")
-        elif commitment_matches(str(data.get(key, "")), salt, text):
+        elif opens_commitment(body, key, salt, text):
             opened.append(label)
         else:
             failures.append(f"{label} or its salt does not match {key}")

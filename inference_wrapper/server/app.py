@@ -23,7 +23,7 @@ from aiohttp import web
 from prometheus_client import Gauge
 
 from inference_wrapper.audit.batcher import Batcher
-from inference_wrapper.audit.generator import AuditedGenerator
+from inference_wrapper.audit.generator import AuditedGenerator, LogBinding
 from inference_wrapper.engine.supervised import SupervisedEngine
 from inference_wrapper.server import logging_setup
 from inference_wrapper.server.appkeys import (
@@ -32,6 +32,7 @@ from inference_wrapper.server.appkeys import (
     GENERATOR,
     IDEMPOTENCY,
     INTEGRATOR,
+    JOURNAL,
     KEYS,
     LEDGER,
     LIFECYCLE,
@@ -42,8 +43,10 @@ from inference_wrapper.server.appkeys import (
     TRACER,
     VAULT,
 )
+from inference_wrapper.server.console import setup_console
 from inference_wrapper.server.content import vault_context
 from inference_wrapper.server.idempotency import Idempotency
+from inference_wrapper.server.journal import WatchedJournal
 from inference_wrapper.server.metrics import Metrics
 from inference_wrapper.server.problems import Problem, internal_error, problem_for
 from inference_wrapper.server.replica import last_seal
@@ -184,8 +187,13 @@ async def receipts_context(app: web.Application) -> AsyncIterator[None]:
     # Answers are stored encrypted under the tenant's KEK: an erasure kills them too.
     store = ReceiptStore(app[LEDGER].engine, ttl_s=settings.idempotency_ttl_s,
                          keks=app[VAULT].keks)
-    idempotency = Idempotency(store, settings.request_timeout_s)
+    idempotency = Idempotency(store, settings.request_timeout_s,
+                              settle_timeout_s=settings.shutdown_grace_s)
     app[IDEMPOTENCY] = idempotency
+    try:
+        await idempotency.recover()  # claims of this host's dead processes are freed
+    except Exception:  # the database is away: such claims go stale as before
+        log.warning("could not look for idempotency claims of dead processes")
 
     async def purge() -> None:
         while True:
@@ -305,10 +313,18 @@ async def batcher_context(app: web.Application) -> AsyncIterator[None]:
 
     settings = app[SETTINGS]
     metrics = app[METRICS]
-    batcher = Batcher(app[GENERATOR], app[LEDGER], max_batch=settings.max_batch,
+    journal = app[JOURNAL] = WatchedJournal(app[LEDGER])
+    batcher = Batcher(app[GENERATOR], journal, max_batch=settings.max_batch,
                       max_wait_ms=settings.max_wait_ms, queue_limit=settings.queue_limit,
                       observe=metrics.observe, retain=retain_hook(app[VAULT]),
                       retain_needed=app[VAULT].may_keep_content)
+    # Records are audit-record/v2 leaves naming their engine's environment leaf (decision
+    # 0026): each running engine's goes into the log now, before any record; an engine
+    # that starts, restarts or changes later gets its leaf before its first batch's records.
+    batcher.log = LogBinding(settings.origin)
+    for engine in app[GENERATOR].engines:
+        if engine.alive():
+            await batcher.log_environment(engine.environment())
     batcher.start()
     app[BATCHER] = batcher
     ledger = app[LEDGER]
@@ -338,7 +354,7 @@ async def batcher_context(app: web.Application) -> AsyncIterator[None]:
           registry=metrics.registry).set_function(
               lambda: float(logging_setup.ACTIVE.dropped if logging_setup.ACTIVE else 0))
     yield
-    await batcher.drain(timeout_s=settings.request_timeout_s)
+    await batcher.drain(timeout_s=settings.shutdown_grace_s)
 
 
 async def supervisor_context(app: web.Application) -> AsyncIterator[None]:
@@ -379,6 +395,5 @@ def create_app(settings: Settings, generator: AuditedGenerator, *,
     app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])
     from inference_wrapper.server.tiles import tile_routes
     app.add_routes(tile_routes())  # the log as C2SP tlog-tiles at /tlog
-    from inference_wrapper.server.console import setup_console
     setup_console(app)  # the auditor's console at /console
     return app

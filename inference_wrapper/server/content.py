@@ -24,7 +24,7 @@ from aiohttp import web
 from inference_wrapper.audit.generator import AuditedOutput, PreparedRequest
 from inference_wrapper.server.appkeys import LEDGER, SETTINGS, VAULT
 from inference_wrapper.server.problems import Problem, invalid
-from inference_wrapper.server.validation import Field, check_fields, parse_json_body
+from inference_wrapper.server.validation import Field, read_json_body
 from ledger.content_records import check_purpose
 from ledger.error_map import http_status_for
 from ledger.errors import InvalidInputError, LedgerError
@@ -203,9 +203,8 @@ def _own_tenant(key: Any, tenant: Any) -> str:
 async def erase(request: web.Request) -> web.Response:
     """An admin erases its tenant's content by subject or by records (crypto-shredding)."""
     key = _authorize(request, ADMIN_ROLES)
-    if request.content_type != "application/json":
-        raise invalid("Content-Type", "must be application/json", status=415)
-    body = check_fields(parse_json_body(await request.read()), ERASE_FIELDS)
+    body = await read_json_body(request, ERASE_FIELDS,
+                                request.app[SETTINGS].body_read_timeout_s)
     tenant = _own_tenant(key, body.get("tenant"))
     subject, record_ids = body.get("subject"), body.get("record_ids")
     if (subject is None) == (record_ids is None):
@@ -235,9 +234,8 @@ async def get_policy(request: web.Request) -> web.Response:
 
 async def put_policy(request: web.Request) -> web.Response:
     key = _authorize(request, ADMIN_ROLES)
-    if request.content_type != "application/json":
-        raise invalid("Content-Type", "must be application/json", status=415)
-    body = check_fields(parse_json_body(await request.read()), POLICY_FIELDS)
+    body = await read_json_body(request, POLICY_FIELDS,
+                                request.app[SETTINGS].body_read_timeout_s)
     try:
         policy = await asyncio.to_thread(request.app[VAULT].set_policy, key.tenant,
                                          body["mode"], body.get("days"))

@@ -136,6 +136,10 @@ class ReceiptStore:
         found = self.get(tenant, key)
         if found is None:  # purged between the two statements: try once more
             return self.claim(tenant, key, fingerprint, stale_after_s, owner)
+        if found.owner == owner and found.state == "pending":
+            # A retried claim whose first INSERT committed though its answer was lost
+            # (the connection dropped at the commit): the claim is already ours.
+            return None
         return found
 
     def get(self, tenant: str, key: str) -> StoredReceipt | None:
@@ -216,6 +220,17 @@ class ReceiptStore:
                 receipts.c.tenant == tenant, receipts.c.idempotency_key == key,
                 receipts.c.owner == owner, receipts.c.state == "pending")).rowcount
         return bool(gone)
+
+    def pending_owned(self, owner_prefix: str) -> list[tuple[str, str, str]]:
+        """(tenant, key, owner) of every pending claim whose owner starts with
+        ``owner_prefix`` (a host's claims, checked at start for dead processes)."""
+        escaped = owner_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(receipts.c.tenant, receipts.c.idempotency_key,
+                                       receipts.c.owner)
+                                .where(receipts.c.state == "pending",
+                                       receipts.c.owner.like(escaped + "%", escape="\\")))
+            return [(r.tenant, r.idempotency_key, r.owner) for r in rows]
 
     def purge(self) -> int:
         """Delete every expired row; returns how many."""

@@ -462,6 +462,11 @@ def test_operator_commands_read_expire_and_rotate(world: World) -> None:
     assert json.loads(rotated.stdout)["rewrapped"] == 1
     assert world.vault.decrypt(kept.record.record_id)[1].output == kept.item.output
 
+    future = _cli(world, "retention", *vault, "--json", "expire", "--now",
+                  "2100-01-01T00:00:00Z")
+    assert future.returncode == 2 and '"field": "now"' in future.stdout
+    assert "later than this clock" in future.stdout
+    assert world.vault.decrypt(kept.record.record_id)[1].output == kept.item.output
     early = _cli(world, "retention", *vault, "--json", "expire", "--now",
                  "2026-11-30T00:00:00Z")
     assert early.returncode == 0 and json.loads(early.stdout)["erasures"] == []

@@ -213,11 +213,12 @@ def child_pids(pid: int) -> list[int]:
 
 
 def process_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds of a server process and of each of its engine processes."""
+    """CPU seconds of a server process and of each of its children (engine processes and
+    their idle warm reserves)."""
     cpu = {"api": cpu_seconds(pid)}
     for index, child in enumerate(sorted(child_pids(pid))):
         try:
-            cpu[f"engine {index}"] = cpu_seconds(child)
+            cpu[f"child {index}"] = cpu_seconds(child)
         except OSError:  # it has just exited
             continue
     return cpu

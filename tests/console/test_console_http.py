@@ -116,7 +116,7 @@ async def test_search_filters_by_tenant_driver_and_time(console: Console) -> Non
         page = await (await console.client.get(f"/console?{query}")).text()
         return re.findall(r'class="record-link" href="/console/records/([^"?]+)\?leaf=', page)
 
-    assert len(await ids("")) == 9  # the environment leaf, 7 synthetic, 1 generated
+    assert len(await ids("")) == 9  # and the engine's environment leaf (log-wide)
     assert await ids("tenant=bank-b") == console.synthetic_ids[1::2]
     assert await ids("driver_version=560.35.03") == console.synthetic_ids[4:]
     assert await ids("since=2026-11-30T09:02&until=2026-11-30T09:04") == \
@@ -133,7 +133,9 @@ async def test_search_paginates_with_a_cursor(console: Console) -> None:
         seen += re.findall(r'class="record-link" href="/console/records/([^"?]+)\?leaf=', page)
         more = re.search(r'id="next-page" href="([^"]+)"', page)
         url = more.group(1).replace("&amp;", "&") if more else ""
-    assert seen == [console.environment_id, *console.synthetic_ids, console.generated_id]
+    environment = console.app[LEDGER].record_at(len(console.synthetic_ids))
+    assert environment is not None and environment.tenant == ""  # logged when it started
+    assert seen == [*console.synthetic_ids, environment.record_id, console.generated_id]
 
 
 async def test_bad_search_input_is_400_naming_the_field(console: Console) -> None:
@@ -174,6 +176,7 @@ async def test_record_page_carries_evidence_and_no_verdict(console: Console) -> 
     # The server says nothing about the outcome: every check starts pending.
     assert page.count('data-status="pending"') == 5
     assert "pass" not in json.dumps(evidence)
+    environment = evidence["environment"]  # a v2 record: its environment leaf comes along
     # The evidence is complete: Python's verifier, given the pinned key, accepts it.
     verdict = verify_record(
         Evidence(record_id=evidence["record_id"],
@@ -184,10 +187,9 @@ async def test_record_page_carries_evidence_and_no_verdict(console: Console) -> 
                  log_leaf_hash=bytes.fromhex(evidence["log_leaf_hash"]),
                  body=base64.b64decode(evidence["body_base64"]),
                  environment=LeafEvidence(
-                     evidence["environment"]["leaf_index"],
-                     base64.b64decode(evidence["environment"]["envelope_base64"]),
-                     base64.b64decode(evidence["environment"]["body_base64"]),
-                     [bytes.fromhex(h) for h in evidence["environment"]["inclusion_proof"]])),
+                     environment["leaf_index"], base64.b64decode(environment["envelope_base64"]),
+                     base64.b64decode(environment["body_base64"]),
+                     [bytes.fromhex(h) for h in environment["inclusion_proof"]])),
         NoteVerifier.decode(console.verifier_key), NoteVerifier.decode(
             console.verifier_key).name, policy=TrustPolicy(require_anchor=False))
     assert [c.passed for c in verdict.checks[:3]] == [True, True, True]

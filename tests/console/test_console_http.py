@@ -429,3 +429,34 @@ async def test_a_bundle_over_the_cap_is_refused_before_anything_is_written(
     assert "this search matches 9 records" in text and 'data-field="until"' in text
     narrowed = await console.client.get("/console/records.bundle?tenant=bank-b")
     assert narrowed.status == 200  # 3 records: under the cap
+
+
+async def test_csv_has_a_bom_and_a_file_name_from_the_query(console: Console) -> None:
+    await sign_in(console.client, console.tokens["auditor"])
+    response = await console.client.get(
+        "/console/records.csv?tenant=bank-a&since=2026-11-30T09:00Z")
+    assert (await response.read()).startswith(b"\xef\xbb\xbfleaf_index,")
+    assert response.headers["Content-Disposition"] == (
+        'attachment; filename="audit-records_bank-a_from-20261130T0900.csv"')
+
+
+async def test_search_shows_the_total_and_a_bad_time_keeps_the_form(console: Console) -> None:
+    await sign_in(console.client, console.tokens["auditor"])
+    page = await (await console.client.get("/console?tenant=bank-a&limit=2")).text()
+    assert '<span id="result-count">2</span>' in page
+    assert '<span id="total-count">5</span> matching' in page
+    bad = await console.client.get("/console?tenant=bank-a&since=half+past+nine")
+    assert bad.status == 400
+    text = await bad.text()
+    assert 'data-field="since"' in text
+    assert 'name="since" value="half past nine"' in text  # what was typed comes back
+    assert 'name="tenant" value="bank-a"' in text
+
+
+def test_bidi_and_control_characters_are_made_visible() -> None:
+    liar = "\u202e51.45.055"
+    assert console_pages.visible(liar) == "<U+202E>51.45.055"
+    assert "\u202e" not in console_pages.result_row(
+        {"record_id": "r", "leaf_index": 1, "created_at": "", "tenant": "t",
+         "driver_version": liar})
+    assert console_module._csv_cell(liar) == "<U+202E>51.45.055"

@@ -68,6 +68,7 @@ from ledger.client.bundle_stream import bundle_chunks, count_matching
 from ledger.client.database import DatabaseSource
 from ledger.client.sources import RecordNotFoundError, gather
 from ledger.errors import BackendError, InvalidInputError
+from ledger.leaves.mirror import LOG_WIDE_TENANT
 from ledger.store.schema import anchors, api_keys, checkpoints
 from ledger.store.sql import QUERY_FILTERS, RecordRow, SqlLedger, decode_cursor
 
@@ -481,8 +482,9 @@ def _plot_points(ledger: SqlLedger, since: datetime, until: datetime,
     while len(points) < PLOT_MAX_RECORDS:
         rows, cursor = ledger.query(since=since, until=until, limit=5000, cursor=cursor,
                                     tenant=tenant)
+        # An engine's environment leaf is no request: it has no point on the plots.
         points.extend(Point.from_record(r.created_at, r.columns, json.loads(r.leaf_body))
-                      for r in rows)
+                      for r in rows if r.tenant != LOG_WIDE_TENANT)
         if cursor is None:
             break
     return points[:PLOT_MAX_RECORDS]

@@ -19,7 +19,7 @@ from inference_wrapper.server.app import KEYS, LEDGER, SETTINGS, create_app
 from inference_wrapper.server.console_sessions import SessionCodec
 from ledger.anchor.store import SqlAnchorStore
 from ledger.checkpoint import NoteVerifier
-from ledger.verify import Evidence, TrustPolicy, verify_record
+from ledger.verify import Evidence, LeafEvidence, TrustPolicy, verify_record
 from tests.console.conftest import Console, sign_in
 
 EVIDENCE = re.compile(r'<script type="application/json" id="evidence">(.*?)</script>', re.S)
@@ -116,7 +116,7 @@ async def test_search_filters_by_tenant_driver_and_time(console: Console) -> Non
         page = await (await console.client.get(f"/console?{query}")).text()
         return re.findall(r'class="record-link" href="/console/records/([^"?]+)\?leaf=', page)
 
-    assert len(await ids("")) == 8
+    assert len(await ids("")) == 9  # and the engine's environment leaf (log-wide)
     assert await ids("tenant=bank-b") == console.synthetic_ids[1::2]
     assert await ids("driver_version=560.35.03") == console.synthetic_ids[4:]
     assert await ids("since=2026-11-30T09:02&until=2026-11-30T09:04") == \
@@ -133,7 +133,9 @@ async def test_search_paginates_with_a_cursor(console: Console) -> None:
         seen += re.findall(r'class="record-link" href="/console/records/([^"?]+)\?leaf=', page)
         more = re.search(r'id="next-page" href="([^"]+)"', page)
         url = more.group(1).replace("&amp;", "&") if more else ""
-    assert seen == [*console.synthetic_ids, console.generated_id]
+    environment = console.app[LEDGER].record_at(len(console.synthetic_ids))
+    assert environment is not None and environment.tenant == ""  # logged when it started
+    assert seen == [*console.synthetic_ids, environment.record_id, console.generated_id]
 
 
 async def test_bad_search_input_is_400_naming_the_field(console: Console) -> None:
@@ -174,6 +176,7 @@ async def test_record_page_carries_evidence_and_no_verdict(console: Console) -> 
     # The server says nothing about the outcome: every check starts pending.
     assert page.count('data-status="pending"') == 5
     assert "pass" not in json.dumps(evidence)
+    environment = evidence["environment"]  # a v2 record: its environment leaf comes along
     # The evidence is complete: Python's verifier, given the pinned key, accepts it.
     verdict = verify_record(
         Evidence(record_id=evidence["record_id"],
@@ -181,7 +184,12 @@ async def test_record_page_carries_evidence_and_no_verdict(console: Console) -> 
                  leaf_index=evidence["leaf_index"],
                  inclusion_proof=[bytes.fromhex(h) for h in evidence["inclusion_proof"]],
                  checkpoint_note=evidence["checkpoint"].encode(),
-                 log_leaf_hash=bytes.fromhex(evidence["log_leaf_hash"])),
+                 log_leaf_hash=bytes.fromhex(evidence["log_leaf_hash"]),
+                 body=base64.b64decode(evidence["body_base64"]),
+                 environment=LeafEvidence(
+                     environment["leaf_index"], base64.b64decode(environment["envelope_base64"]),
+                     base64.b64decode(environment["body_base64"]),
+                     [bytes.fromhex(h) for h in environment["inclusion_proof"]])),
         NoteVerifier.decode(console.verifier_key), NoteVerifier.decode(
             console.verifier_key).name, policy=TrustPolicy(require_anchor=False))
     assert [c.passed for c in verdict.checks[:3]] == [True, True, True]
@@ -418,6 +426,6 @@ async def test_a_bundle_over_the_cap_is_refused_before_anything_is_written(
     refused = await console.client.get("/console/records.bundle")
     assert refused.status == 422
     text = await refused.text()
-    assert "this search matches 8 records" in text and 'data-field="until"' in text
+    assert "this search matches 9 records" in text and 'data-field="until"' in text
     narrowed = await console.client.get("/console/records.bundle?tenant=bank-b")
     assert narrowed.status == 200  # 3 records: under the cap

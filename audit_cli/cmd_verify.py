@@ -26,6 +26,8 @@ from ledger.client.sources import RecordNotFoundError, gather
 from ledger.cosignature import WitnessKey
 from ledger.error_map import EXIT_CHECK_FAILED, EXIT_OK
 from ledger.errors import InvalidInputError, LedgerError
+from ledger.leaves.environment import fingerprints
+from ledger.leaves.record_v2 import RECORD_KIND
 from ledger.record import RECORD_SCHEMA
 from ledger.verify import (
     SELF_ANCHORED,
@@ -60,6 +62,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replay", action="store_true",
                         help="re-run the model named by the record and compare (needs torch)")
     parser.add_argument("--model-dir", type=Path, help="model directory for --replay")
+    parser.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                        help="--replay of a v2 record: the request's stop strings, in order "
+                        "(the record holds them only as a commitment)")
     parser.add_argument("--model-manifest", type=Path)
     trust = parser.add_argument_group(
         "who vouches for the checkpoint (check 4): a Fabric anchor, witnesses, or, "
@@ -84,6 +89,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "per log under AUDIT_LEDGER_HOME/verifier)")
     parser.add_argument("--no-state", action="store_true",
                         help="neither read nor advance the state file")
+    parser.add_argument("--report", type=Path, metavar="DIR",
+                        help="an evidence pack from `audit-ledger report`: recompute its "
+                             "digest from its files and compare it with the report record "
+                             "in the log (--db or --server; the record is verified too)")
     window = parser.add_argument_group("a window bundle (export --window): filters applied "
                                        "locally to its window's leaves")
     from audit_cli.filters import FILTERS
@@ -154,13 +163,17 @@ def _print_verdict(verdict: Verdict) -> None:
     print(f"record {verdict.record_id}")
     for check in verdict.checks:
         print(f"  [{marks[check.status]}] {check.number}. {check.name}: {check.reason}")
+    if verdict.environment is not None:  # v2: the fingerprints are the environment leaf's
+        print("  environment (from its own leaf, checked in 1 and 2):")
+        for name, value in fingerprints(verdict.environment).items():
+            print(f"    {name}: {value}")
     print(verdict.summary)
 
 
 def _replay_check(verdict: Verdict, args: argparse.Namespace, prompt: bytes | None) -> None:
     if not args.replay or verdict.record is None or verdict.failed:
         return
-    if verdict.record.get("schema") != RECORD_SCHEMA:
+    if verdict.record.get("schema") not in (RECORD_SCHEMA, RECORD_KIND):
         raise InvalidInputError("--replay", f"replay re-runs a generate call; this leaf is "
                                 f"a {verdict.record.get('schema')!r}")
     if prompt is None:
@@ -169,10 +182,18 @@ def _replay_check(verdict: Verdict, args: argparse.Namespace, prompt: bytes | No
         text = prompt.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidInputError("--prompt-file", "--replay needs a UTF-8 prompt") from exc
-    from inference_wrapper.audit.replay import replay
+    from inference_wrapper.audit.replay import replay, replay_v2
 
-    result = replay(verdict.record, text, model_dir=args.model_dir,
-                    manifest_path=args.model_manifest)
+    if verdict.record.get("schema") == RECORD_KIND:
+        assert verdict.environment is not None  # check 1 opened it
+        result = replay_v2(verdict.record, verdict.environment, text,
+                           input_salt=_salt(args.input_salt, "--input-salt"),
+                           output_salt=_salt(args.output_salt, "--output-salt"),
+                           stop=tuple(args.stop), model_dir=args.model_dir,
+                           manifest_path=args.model_manifest)
+    else:
+        result = replay(verdict.record, text, model_dir=args.model_dir,
+                        manifest_path=args.model_manifest)
     why = "; ".join(result.differences) or "no fingerprint differs"
     if result.reproduced:
         verdict.checks.append(Check(6, True, f"output token digest reproduced "
@@ -191,6 +212,8 @@ STATE_ATTEMPTS = 5
 
 def run(args: argparse.Namespace) -> int:
     one_source(args)  # --bundle with --server or --db: which one was meant is unknown
+    if args.report:
+        return _verify_report(args)
     verifier = pinned_verifier(args)
     args.verifier_name = verifier.name  # the default origin (see _origin)
     policy = _policy(args)
@@ -232,6 +255,53 @@ def run(args: argparse.Namespace) -> int:
     _replay_check(verdict, args, prompt)
     _report([verdict], args)
     return verdict.exit_code
+
+
+def _verify_report(args: argparse.Namespace) -> int:
+    """The pack's digest, recomputed from its files, against the one the log holds."""
+    import json
+
+    from audit_cli.report_pack import recompute
+
+    if one_source(args) not in ("db", "server"):
+        raise InvalidInputError("--db", "verify --report reads the logged digest from the "
+                                "log: give --db or --server")
+    verifier = pinned_verifier(args)
+    digest, problems = recompute(args.report)
+    try:
+        logged = json.loads((args.report / "report.record.json").read_text())
+        record_id = str(logged["record_id"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InvalidInputError("--report", f"{args.report} has no readable "
+                                f"report.record.json (made with --no-log?): {exc}") from exc
+    source = open_source(args)
+    try:
+        evidence = gather(source, record_id, None)
+    except RecordNotFoundError as exc:
+        verdict = record_missing(record_id, str(exc))
+    else:
+        verdict = verify_record(evidence, verifier, args.origin or verifier.name,
+                                policy=_policy(args))
+    finally:
+        if hasattr(source, "ledger"):
+            source.ledger.close()
+    logged_digest = (verdict.record or {}).get("report", {}).get("digest")
+    if not verdict.ok:
+        problems.append(f"the report record {record_id} does not verify: {verdict.summary}")
+    elif logged_digest != digest:
+        problems.append(f"the pack's digest is {digest}; the log's report record "
+                        f"{record_id} names {logged_digest}")
+    if args.json:
+        print_json({"report": str(args.report), "pack_digest": digest,
+                    "logged_digest": logged_digest, "verified": not problems,
+                    "problems": problems, "record": verdict.to_dict()})
+    else:
+        _print_verdict(verdict)
+        for problem in problems:
+            print(f"  [FAIL] {problem}")
+        print(f"pack {args.report}: " + ("digest MATCHES the log" if not problems else
+                                         "NOT verified"))
+    return EXIT_OK if not problems else EXIT_CHECK_FAILED
 
 
 class _State:

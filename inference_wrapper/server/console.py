@@ -28,6 +28,7 @@ from urllib.parse import urlencode
 from aiohttp import web
 from sqlalchemy import select
 
+from inference_wrapper.server.access import readable_tenant
 from inference_wrapper.server.appkeys import INTEGRATOR, KEYS, LEDGER
 from inference_wrapper.server.console_pages import (
     SECURITY_HEADERS,
@@ -53,7 +54,6 @@ from inference_wrapper.server.console_plots import (
     phase_percentiles,
     timeline_svg,
 )
-from inference_wrapper.server.routes import readable_tenant
 from inference_wrapper.server.validation import MAX_QUERY_INT
 from ledger.client.database import DatabaseSource
 from ledger.client.sources import RecordNotFoundError, gather

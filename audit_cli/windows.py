@@ -91,6 +91,8 @@ def leaf_filter(filters: Mapping[str, str], origin: str) -> Callable[[int, bytes
 
     tag = tenant_tag(origin, filters["tenant"]) if "tenant" in filters else None
 
+    wanted = [value.encode() for value in filters.values()]
+
     def keep(index: int, entry: bytes) -> bool:
         if not filters:
             return True
@@ -99,6 +101,10 @@ def leaf_filter(filters: Mapping[str, str], origin: str) -> Callable[[int, bytes
                 raise InvalidInputError(sorted(set(filters) - {"tenant"})[0].replace(
                     "_", "-"), "v2 leaves are filtered by tenant only through tiles")
             return bool(json.loads(entry)["tenant_tag"] == tag)
+        # Without a backslash every JSON string is spelled out in the bytes: a record not
+        # holding each wanted value verbatim cannot match, and is not parsed.
+        if b"\\" not in entry and not all(value in entry for value in wanted):
+            return False
         columns: dict[str, Any] = mirror_columns(open_record(entry))
         return all(str(columns.get(name)) == value for name, value in filters.items())
 

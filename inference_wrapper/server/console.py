@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import csv
-import hashlib
 import hmac
 import io
 import json
+import math
 import secrets
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from html import escape
@@ -29,7 +28,7 @@ from aiohttp import web
 from sqlalchemy import select
 
 from inference_wrapper.server.access import readable_tenant
-from inference_wrapper.server.appkeys import INTEGRATOR, KEYS, LEDGER
+from inference_wrapper.server.appkeys import INTEGRATOR, KEYS, LEDGER, SETTINGS, SIGNER
 from inference_wrapper.server.console_pages import (
     SECURITY_HEADERS,
     error_main,
@@ -54,7 +53,18 @@ from inference_wrapper.server.console_plots import (
     phase_percentiles,
     timeline_svg,
 )
+from inference_wrapper.server.console_sessions import (
+    HSTS,
+    ClientView,
+    Session,
+    SessionCodec,
+    SignInThrottle,
+    client_view,
+    parse_proxies,
+    session_secret,
+)
 from inference_wrapper.server.validation import MAX_QUERY_INT
+from ledger.client.bundle_stream import bundle_chunks, count_matching
 from ledger.client.database import DatabaseSource
 from ledger.client.sources import RecordNotFoundError, gather
 from ledger.errors import BackendError, InvalidInputError
@@ -68,6 +78,7 @@ CONSOLE_ROLES = ("auditor", "admin")
 PAGE_LIMIT_MAX = 500
 CSV_PAGE = 1000
 PLOT_MAX_RECORDS = 50_000
+BUNDLE_MAX_RECORDS = 100_000  # about 150 MB of JSON; larger exports: `audit-ledger export`
 FILTER_LABELS = {"tenant": "tenant", "model_digest": "model digest",
                  "accelerator_model": "accelerator", "driver_version": "driver",
                  "service_revision": "service revision"}
@@ -80,53 +91,30 @@ CSV_COLUMNS = ("leaf_index", "record_id", "created_at", "tenant", "model_name",
 
 
 @dataclass
-class Session:
-    key_id: str
-    tenant: str
-    role: str
-    scope: str | None  # the one tenant this session may read; None: every tenant
-    csrf: str
-    expires_at: float  # time.time() seconds
+class ConsoleState:
+    """Per app: the session codec (made at first use: its secret needs the log's signer,
+    which exists once the app has started), the sign-in throttle, the trusted proxies."""
+
+    throttle: SignInThrottle
+    proxies: list[Any]
+    configured_secret: str
+    codec: SessionCodec | None = None
 
 
-class SessionStore:
-    """Sessions by the SHA-256 of their cookie token (a leaked table opens nothing)."""
-
-    def __init__(self, ttl_s: float = SESSION_TTL_S, max_sessions: int = 10_000) -> None:
-        self.ttl_s = ttl_s
-        self.max_sessions = max_sessions
-        self._sessions: dict[bytes, Session] = {}
-
-    @staticmethod
-    def _id(token: str) -> bytes:
-        return hashlib.sha256(token.encode()).digest()
-
-    def create(self, key_id: str, tenant: str, role: str,
-               scope: str | None) -> tuple[str, Session]:
-        now = time.time()
-        if len(self._sessions) >= self.max_sessions:  # drop expired ones before refusing
-            self._sessions = {k: s for k, s in self._sessions.items() if s.expires_at > now}
-        if len(self._sessions) >= self.max_sessions:
-            oldest = min(self._sessions, key=lambda k: self._sessions[k].expires_at)
-            del self._sessions[oldest]
-        token = secrets.token_urlsafe(32)
-        session = Session(key_id, tenant, role, scope, secrets.token_urlsafe(32),
-                          now + self.ttl_s)
-        self._sessions[self._id(token)] = session
-        return token, session
-
-    def get(self, token: str) -> Session | None:
-        session = self._sessions.get(self._id(token))
-        if session is not None and session.expires_at <= time.time():
-            self.drop(token)
-            return None
-        return session
-
-    def drop(self, token: str) -> None:
-        self._sessions.pop(self._id(token), None)
+STATE = web.AppKey("console_state", ConsoleState)
 
 
-SESSIONS = web.AppKey("console_sessions", SessionStore)
+def _codec(request: web.Request) -> SessionCodec:
+    state = request.app[STATE]
+    if state.codec is None:
+        secret = session_secret(state.configured_secret, request.app[SIGNER].sign)
+        state.codec = SessionCodec(secret, SESSION_TTL_S)
+    return state.codec
+
+
+def _client(request: web.Request) -> ClientView:
+    return client_view(request.remote, request.secure, dict(request.headers),
+                       request.app[STATE].proxies)
 
 
 def _key_active(ledger: SqlLedger, key_id: str) -> bool:
@@ -141,11 +129,10 @@ async def current_session(request: web.Request) -> Session | None:
     token = request.cookies.get(SESSION_COOKIE)
     if not token:
         return None
-    session = request.app[SESSIONS].get(token)
+    session = _codec(request).open(token)
     if session is None:
         return None
     if not await asyncio.to_thread(_key_active, request.app[LEDGER], session.key_id):
-        request.app[SESSIONS].drop(token)
         return None
     return session
 
@@ -182,7 +169,7 @@ def error_page(status: int, title: str, detail: str, session: Session | None,
 def _set_cookie(response: web.StreamResponse, request: web.Request, name: str, value: str,
                 max_age: int) -> None:
     response.set_cookie(name, value, max_age=max_age, path="/console", httponly=True,
-                        samesite="Strict", secure=request.secure)
+                        samesite="Strict", secure=_client(request).https)
 
 
 async def login_form(request: web.Request) -> web.Response:
@@ -207,20 +194,27 @@ async def login(request: web.Request) -> web.Response:
     if not _same(_text(form.get("csrf")), request.cookies.get(LOGIN_COOKIE)):
         return error_page(403, "Forbidden", "the form's CSRF token is missing or does not "
                           "match; reload the sign-in page", None, field="csrf")
+    address = _client(request).address
+    wait = request.app[STATE].throttle.retry_after(address)
+    if wait > 0:
+        response = _login_page(request, "too many failed sign-ins from this address; try "
+                               f"again in {math.ceil(wait)} s", 429)
+        response.headers["Retry-After"] = str(math.ceil(wait))
+        return response
     token = _text(form.get("api_key")).strip()
     if not token:
         return _login_page(request, "an API key is required (field api_key)", 400)
     key = await asyncio.to_thread(request.app[KEYS].authenticate, token)
     if key is None:
+        request.app[STATE].throttle.failed(address)
         return _login_page(request, "the API key is unknown or revoked", 401)
     if key.role not in CONSOLE_ROLES:
         return _login_page(request, f"role {key.role!r} may not use the console; "
                            "sign in with an auditor or admin key", 403)
-    session_token, _ = request.app[SESSIONS].create(key.key_id, key.tenant, key.role,
-                                                    readable_tenant(key))
+    session_token, _ = _codec(request).issue(key.key_id, key.tenant, key.role,
+                                             readable_tenant(key))
     response = web.Response(status=303, headers={"Location": "/console", **SECURITY_HEADERS})
-    _set_cookie(response, request, SESSION_COOKIE, session_token,
-                int(request.app[SESSIONS].ttl_s))
+    _set_cookie(response, request, SESSION_COOKIE, session_token, int(SESSION_TTL_S))
     response.del_cookie(LOGIN_COOKIE, path="/console")
     return response
 
@@ -233,7 +227,6 @@ async def logout(request: web.Request) -> web.Response:
     if not _same(_text(form.get("csrf")), session.csrf):
         return error_page(403, "Forbidden", "the form's CSRF token is missing or wrong",
                           session, field="csrf")
-    request.app[SESSIONS].drop(request.cookies.get(SESSION_COOKIE, ""))
     response = _to_login()
     response.del_cookie(SESSION_COOKIE, path="/console")
     return response
@@ -398,12 +391,11 @@ async def export_csv(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def export_bundle(request: web.Request) -> web.Response:
-    """The matching records as an offline evidence bundle (``audit-ledger verify --bundle``).
-
-    The bundle names no log key: whoever checks it pins their own."""
-    from ledger.client.exporter import export_from_db
-
+async def export_bundle(request: web.Request) -> web.StreamResponse:
+    """The matching records as an offline evidence bundle (``audit-ledger verify --bundle``),
+    streamed a page at a time (bounded memory); more than ``BUNDLE_MAX_RECORDS`` is
+    refused before anything is written (422: narrow the range, or use ``audit-ledger
+    export``). The bundle names no log key: whoever checks it pins their own."""
     session = await current_session(request)
     if session is None:
         return _to_login()
@@ -412,15 +404,31 @@ async def export_bundle(request: web.Request) -> web.Response:
     except BadField as exc:
         return search_error(exc, session)
     ledger = request.app[LEDGER]
-    await asyncio.to_thread(request.app[INTEGRATOR].seal_now)  # cover the newest records
     filters = {k: v for k, v in search.filters.items() if v is not None}
+    matching = await asyncio.to_thread(count_matching, ledger, search.since, search.until,
+                                       filters)
+    if matching > BUNDLE_MAX_RECORDS:
+        return error_page(422, "Too many records for one bundle",
+                          f"this search matches {matching} records; a bundle from the console "
+                          f"holds at most {BUNDLE_MAX_RECORDS}: narrow the time range, or "
+                          "use `audit-ledger export`", session, field="until")
+    await asyncio.to_thread(request.app[INTEGRATOR].seal_now)  # cover the newest records
+    chunks = bundle_chunks(ledger, search.since, search.until, filters)
     try:
-        bundle = await asyncio.to_thread(export_from_db, ledger.url, search.since,
-                                         search.until, filters)
-    except BackendError as exc:
-        return error_page(503, "Service Unavailable", str(exc), session)
-    return web.Response(text=bundle.dumps(), content_type="application/json", headers={
+        first = await asyncio.to_thread(next, chunks)
+    except BackendError:
+        return error_page(503, "Service Unavailable", "the log has no checkpoint yet; "
+                          "try again in a moment", session)
+    response = web.StreamResponse(headers={
+        "Content-Type": "application/json",
         "Content-Disposition": 'attachment; filename="audit-bundle.json"', **SECURITY_HEADERS})
+    await response.prepare(request)
+    chunk: str | None = first
+    while chunk is not None:
+        await response.write(chunk.encode())
+        chunk = await asyncio.to_thread(next, chunks, None)
+    await response.write_eof()
+    return response
 
 
 # --- the record page -------------------------------------------------------------------
@@ -554,7 +562,17 @@ def console_routes() -> list[web.RouteDef]:
     ]
 
 
+async def _transport_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """HSTS on the console's answers when the client reached us over HTTPS (directly, or
+    through a configured TLS-terminating proxy)."""
+    if request.path.startswith("/console") and _client(request).https:
+        response.headers["Strict-Transport-Security"] = HSTS
+
+
 def setup_console(app: web.Application) -> None:
     """Register the console on an app built by ``create_app``."""
-    app[SESSIONS] = SessionStore()
+    settings = app[SETTINGS]
+    app[STATE] = ConsoleState(SignInThrottle(), parse_proxies(settings.trusted_proxies),
+                              settings.console_session_secret)
+    app.on_response_prepare.append(_transport_headers)
     app.add_routes(console_routes())

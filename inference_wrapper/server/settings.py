@@ -63,6 +63,10 @@ class Settings:
     max_body_bytes: int = 64 * 1024
     checkpoint_interval_s: float = 1.0
     otel_exporter: str = "none"  # "none" or "console"
+    # Console sessions: HMAC secret shared by every replica (empty: derived from the log's
+    # signing key); proxies whose X-Forwarded-For/-Proto are believed (addresses or CIDRs).
+    console_session_secret: str = field(default="", repr=False)
+    trusted_proxies: str = ""
     anchor_interval_s: float = 1.0
     anchor_lag_slo_s: float = 10.0  # also the anchoring-lag SLO (README "SLOs")
     anchor_slo_policy: str = "keep-serving"  # or "fail-closed"

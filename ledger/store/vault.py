@@ -611,7 +611,8 @@ class ContentVault:
                     response_ct=None, wrapped_key=None, kek_id=None))
         return self._rekey(conn, tenant, {str(k) for _, k in live if k is not None})
 
-    def _rekey(self, conn: Connection, tenant: str, kek_ids: set[str]) -> list[str]:
+    def _rekey(self, conn: Connection, tenant: str, kek_ids: set[str],
+               batch: int = REKEY_BATCH) -> list[str]:
         """Re-wrap every live key under ``kek_ids`` (and KEKs a crashed erasure left
         doomed) under one new KEK; returns the KEKs to destroy after the commit."""
         doomed = set(kek_ids) | set(self.keks.doomed(tenant))
@@ -625,7 +626,7 @@ class ContentVault:
                 .where(vault_content.c.tenant == tenant,
                        vault_content.c.kek_id.in_(doomed),
                        vault_content.c.wrapped_key.is_not(None))
-                .limit(REKEY_BATCH)).all()
+                .limit(batch)).all()
             if not rows:
                 break
             conn.execute(
@@ -678,7 +679,7 @@ class ContentVault:
                 .where(vault_content.c.tenant == tenant,
                        vault_content.c.wrapped_key.is_not(None))).scalar() or 0)
             doomed = self._rekey(conn, tenant, {str(k) for k in used if k is not None}
-                                 | {self.keks.current_kek_id(tenant)})
+                                 | {self.keks.current_kek_id(tenant)}, batch)
         destroyed = self.keks.destroy(tenant, doomed)
         self.rotate_subject_key(tenant)
         return self.keks.current_kek_id(tenant), count, destroyed

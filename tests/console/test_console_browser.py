@@ -103,6 +103,26 @@ def forged_signature(evidence: dict[str, Any]) -> None:
     evidence["checkpoint"] = SignedNote(note.body, ((name, key_hash, forged),)).serialize().decode()
 
 
+def padding_bits_in_the_signature(evidence: dict[str, Any]) -> None:
+    # The same signature bytes, spelled with non-zero base64 padding bits.
+    note = evidence["checkpoint"]
+    at = note.rindex("\n\n") + 2
+    line, rest = note[at:].split("\n", 1)
+    head, blob = line.rsplit(" ", 1)
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    last = len(blob.rstrip("=")) - 1  # the character holding the padding bits
+    respelled = blob[:last] + alphabet[alphabet.index(blob[last]) | 1] + blob[last + 1:]
+    assert respelled != blob and base64.b64decode(respelled) == base64.b64decode(blob)
+    evidence["checkpoint"] = note[:at] + f"{head} {respelled}\n" + rest
+
+
+def corrupted_copy_of_the_signature(evidence: dict[str, Any]) -> None:
+    note = SignedNote.parse(evidence["checkpoint"].encode())
+    name, key_hash, signature = note.signatures[0]
+    copy = (name, key_hash, bytes([signature[0] ^ 1]) + signature[1:])
+    evidence["checkpoint"] = SignedNote(note.body, (copy, *note.signatures)).serialize().decode()
+
+
 def tampered_proof(evidence: dict[str, Any]) -> None:
     first = bytearray(bytes.fromhex(evidence["inclusion_proof"][0]))
     first[0] ^= 1
@@ -199,9 +219,11 @@ async def test_client_key_cannot_sign_in_from_the_browser(
     (altered_bytes, 1, "record bytes hash to"),
     (signed_by_another_key, 3, "note carries no signature by key"),
     (forged_signature, 3, "does not verify"),
+    (padding_bits_in_the_signature, 3, "not canonical base64"),
+    (corrupted_copy_of_the_signature, 3, "one of its repeated lines"),
     (tampered_proof, 2, "calculated root"),
 ], ids=["altered-record-bytes", "checkpoint-signed-by-another-key", "forged-signature",
-        "tampered-proof"])
+        "padding-bits-in-the-signature", "corrupted-copy-of-the-signature", "tampered-proof"])
 async def test_lying_server_is_caught_by_the_page(
         console: Console, browser: Browser, lie: Lie, failed_check: int, reason: str) -> None:
     proxy = await lying_proxy(console.base_url, lie)

@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import csv
+import dataclasses
 import io
 import json
 import re
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 from inference_wrapper.server import console as console_module
 from inference_wrapper.server import console_pages
-from inference_wrapper.server.app import KEYS, LEDGER
+from inference_wrapper.server.app import KEYS, LEDGER, SETTINGS, create_app
+from inference_wrapper.server.console_sessions import SessionCodec
 from ledger.anchor.store import SqlAnchorStore
 from ledger.checkpoint import NoteVerifier
 from ledger.verify import Evidence, TrustPolicy, verify_record
@@ -280,23 +283,66 @@ async def test_an_expired_session_is_refused_even_if_the_browser_still_sends_it(
         console: Console) -> None:
     assert (await sign_in(console.client, console.tokens["auditor"])).status == 303
     assert (await console.client.get("/console", allow_redirects=False)).status == 200
-    sessions = console.client.server.app[console_module.SESSIONS]
-    for session in sessions._sessions.values():  # the server's clock passes the expiry
-        session.expires_at = 0.0
+    codec = console.app[console_module.STATE].codec
+    assert codec is not None
+    codec._clock = lambda: time.time() + 2 * console_module.SESSION_TTL_S  # time passes
     assert (await console.client.get("/console", allow_redirects=False)).status == 303
-    assert not sessions._sessions  # and the expired one is dropped
 
 
-def test_session_table_keeps_hashes_and_evicts_the_oldest_when_full() -> None:
-    store = console_module.SessionStore(ttl_s=60.0, max_sessions=2)
-    first, _ = store.create("k1", "t", "auditor", None)
-    second, _ = store.create("k2", "t", "auditor", None)
-    third, _ = store.create("k3", "t", "auditor", None)
-    assert store.get(first) is None  # the oldest made room
-    assert store.get(second) is not None and store.get(third) is not None
-    assert first not in repr(store._sessions) and third not in repr(store._sessions)
-    store.drop(third)
-    assert store.get(third) is None
+def test_a_session_cookie_opens_only_unaltered_and_under_its_own_secret() -> None:
+    codec = SessionCodec(b"s" * 32, ttl_s=60.0)
+    token, session = codec.issue("k1", "bank-a", "admin", "bank-a")
+    assert codec.open(token) == session
+    payload, mac = token.split(".")
+    forged = base64.urlsafe_b64encode(base64.urlsafe_b64decode(payload + "==").replace(
+        b'"bank-a"', b'null', 1)).decode().rstrip("=")
+    assert codec.open(f"{forged}.{mac}") is None  # scope widened: the MAC no longer holds
+    assert SessionCodec(b"t" * 32, ttl_s=60.0).open(token) is None
+    assert codec.open("garbage") is None and codec.open("a.b") is None
+
+
+async def test_a_session_is_valid_on_every_replica(
+        console: Console, aiohttp_client: Any, tiny_generator: Any) -> None:
+    """Two replicas of one log (one database, one log key), no sticky sessions: a
+    session signed in on one is honoured by the other, and sign-out is the cookie's."""
+    other = await aiohttp_client(create_app(console.app[SETTINGS], tiny_generator))
+    assert (await sign_in(console.client, console.tokens["auditor"])).status == 303
+    cookie = console.client.session.cookie_jar.filter_cookies(
+        console.client.make_url("/console"))["alc_session"].value
+    answer = await other.get("/console", cookies={"alc_session": cookie},
+                             allow_redirects=False)
+    assert answer.status == 200
+    assert "signed in as auditor" in await answer.text()
+
+
+async def test_sign_in_is_throttled_per_client_address(console: Console) -> None:
+    for _ in range(10):
+        form = await (await console.client.get("/console/login")).text()
+        csrf = re.search(r'name="csrf" value="([^"]+)"', form)
+        assert csrf is not None
+        wrong = await console.client.post("/console/login", allow_redirects=False,
+                                          data={"api_key": "alk_wrong", "csrf": csrf.group(1)})
+        assert wrong.status == 401
+    refused = await sign_in(console.client, console.tokens["auditor"])
+    assert refused.status == 429  # even the right key, until the window passes
+    assert int(refused.headers["Retry-After"]) > 0
+    assert "too many failed sign-ins" in await refused.text()
+
+
+async def test_secure_cookie_and_hsts_only_behind_a_trusted_tls_proxy(
+        console: Console, aiohttp_client: Any, tiny_generator: Any) -> None:
+    https = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.7"}
+    # Not a configured proxy: the header is anyone's to send, and is ignored.
+    plain = await console.client.get("/console/login", headers=https)
+    assert "Strict-Transport-Security" not in plain.headers
+    assert "Secure" not in plain.headers["Set-Cookie"]
+    behind = await aiohttp_client(create_app(
+        dataclasses.replace(console.app[SETTINGS], trusted_proxies="127.0.0.1/32"),
+        tiny_generator))
+    answer = await behind.get("/console/login", headers=https)
+    assert answer.headers["Strict-Transport-Security"] == "max-age=31536000"
+    assert "Secure" in answer.headers["Set-Cookie"]
+    assert "Strict-Transport-Security" not in (await behind.get("/console/login")).headers
 
 
 # --- tenant scope: a tenant's admin sees only its tenant, on every page and export --------
@@ -363,3 +409,15 @@ async def test_a_forged_huge_cursor_is_a_clear_400_not_a_500(console: Console) -
         response = await console.client.get(f"{path}?cursor={forged}")
         assert response.status == 400
         assert 'data-field="cursor"' in await response.text()
+
+
+async def test_a_bundle_over_the_cap_is_refused_before_anything_is_written(
+        console: Console, monkeypatch: Any) -> None:
+    monkeypatch.setattr(console_module, "BUNDLE_MAX_RECORDS", 4)
+    await sign_in(console.client, console.tokens["auditor"])
+    refused = await console.client.get("/console/records.bundle")
+    assert refused.status == 422
+    text = await refused.text()
+    assert "this search matches 8 records" in text and 'data-field="until"' in text
+    narrowed = await console.client.get("/console/records.bundle?tenant=bank-b")
+    assert narrowed.status == 200  # 3 records: under the cap

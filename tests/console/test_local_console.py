@@ -347,3 +347,21 @@ async def test_the_pages_consistency_check_matches_the_python_one(
     assert len(results) == 153
     assert all(ok for ok, _ in results)
     assert all(wrong for _, wrong in results)
+
+
+def test_the_local_console_needs_no_serving_stack() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.console.test_report import BLOCK_SERVING_STACK
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", BLOCK_SERVING_STACK, "console",
+                           "--print-digest"], cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout
+    assert done.stdout.strip() == verification_code_digest()

@@ -251,3 +251,13 @@ def test_a_proved_window_holds_the_tiles_against_the_checkpoint_seen_last(
     state.write_bytes(signer.sign_checkpoint(Checkpoint(ORIGIN, 700, b"\x07" * 32)))
     code, _, err = _cli(capsys, *query)
     assert code == 1 and "rollback: this auditor saw the signed checkpoint of size 700" in err
+
+
+def test_the_filter_skips_only_records_that_cannot_match() -> None:
+    keep = leaf_filter({"tenant": "bank-1"}, ORIGIN)
+    plain = make_record(1, tenant="bank-1").canonical
+    assert keep(0, plain) and not keep(0, make_record(2, tenant="bank-2").canonical)
+    # Spelled with an escape (not canonical, but one meaning): still found.
+    escaped = plain.replace(b'"bank-1"', b'"bank\\u002d1"')
+    assert escaped != plain and keep(0, escaped)
+    assert not keep(0, make_record(3, tenant="bank-10").canonical)

@@ -19,8 +19,12 @@ const enc = new TextEncoder();
 
 function $(id) { return document.getElementById(id); }
 
+// Canonical padded base64 only, as the command-line verifier and Go read it: atob skips
+// whitespace and missing padding and ignores padding bits, so one value could be spelled
+// many ways; the bytes must encode back to the very same text.
 function b64decode(text) {
   const raw = atob(text);
+  if (btoa(raw) !== text) throw new Error("not canonical base64");
   const out = new Uint8Array(raw.length);
   for (let i = 0; i < raw.length; i++) out[i] = raw.charCodeAt(i);
   return out;
@@ -151,7 +155,9 @@ function parseNote(text) {
   const split = text.lastIndexOf("\n\n");
   if (split < 0 || !text.endsWith("\n")) throw new Error("not a signed note");
   const body = text.slice(0, split + 1);
-  const lines = text.slice(split + 2, -1).split("\n").map((line) => {
+  const raw = text.slice(split + 2, -1).split("\n");
+  if (raw.length > 100) throw new Error("more than 100 signature lines");
+  const lines = raw.map((line) => {
     const m = /^\u2014 (\S+) ([A-Za-z0-9+/=]+)$/.exec(line);
     if (!m) throw new Error("malformed signature line");
     const blob = b64decode(m[2]);
@@ -173,11 +179,13 @@ async function openCheckpoint(noteText, pinned) {
   const note = parseNote(noteText);
   const mine = note.lines.filter((s) => s.name === pinned.name && equal(s.keyHash, pinned.keyHash));
   if (mine.length === 0) throw new Error(`note carries no signature by key ${pinned.name}+${hex(pinned.keyHash)}`);
-  let valid = false;
+  // Every line in the pinned key's name must verify: a corrupted copy beside the genuine
+  // line is refused, whatever the order.
   for (const s of mine) {
-    valid = valid || await crypto.subtle.verify({ name: "Ed25519" }, pinned.key, s.signature, enc.encode(note.body));
+    if (!await crypto.subtle.verify({ name: "Ed25519" }, pinned.key, s.signature, enc.encode(note.body))) {
+      throw new Error(`signature by key ${pinned.name} does not verify${mine.length > 1 ? " (one of its repeated lines)" : ""}`);
+    }
   }
-  if (!valid) throw new Error(`signature by key ${pinned.name} does not verify`);
   const checkpoint = parseCheckpointBody(note.body);
   if (checkpoint.origin !== pinned.name) {
     throw new Error(`checkpoint is for origin ${checkpoint.origin}, the pinned key is ${pinned.name}`);

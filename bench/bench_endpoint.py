@@ -76,7 +76,7 @@ def serve_bare(port: int, model_dir: str, manifest: str, layout: str) -> None:
         def __getattr__(self, name: str) -> Any:
             return getattr(generator, name)
 
-        def seal(self, batch: Any) -> list[Any]:
+        def seal(self, batch: Any, log: Any = None) -> list[Any]:
             return [type("Out", (), {"text": t, "record": None})() for t in batch.result.texts]
 
     class NoJournal:

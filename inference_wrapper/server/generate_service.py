@@ -100,14 +100,14 @@ def receipt_headers(answer: Answer) -> dict[str, str]:
 
 
 def usage_json(answer: Answer) -> dict[str, int]:
-    data = answer.output.record.body["data"]
+    data = answer.output.record_content["data"]
     prompt_tokens, completion_tokens = data["input_token_count"], data["output_token_count"]
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
 
 
 def seed_used(answer: Answer) -> int | None:
-    seed: int | None = answer.output.record.body["data"]["generation"]["seed"]
+    seed: int | None = answer.output.record_content["data"]["generation"]["seed"]
     return seed
 
 

@@ -67,7 +67,7 @@ async def generate(request: web.Request) -> web.Response:
 
     def render(answer: Answer) -> Rendered:
         return ({"output": answer.output.text,
-                 "finish_reason": answer.output.record.body["data"]["finish_reason"],
+                 "finish_reason": answer.output.record_content["data"]["finish_reason"],
                  "usage": usage_json(answer), "seed": seed_used(answer),
                  **receipt_json(answer)}, receipt_headers(answer))
 

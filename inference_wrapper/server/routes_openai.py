@@ -204,7 +204,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 def _openai_response(
     request: web.Request, answer: Answer, model: str, kind: str, choice: dict[str, Any]
 ) -> dict[str, Any]:
-    data = answer.output.record.body["data"]
+    data = answer.output.record_content["data"]
     choice["finish_reason"] = data["finish_reason"]
     prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
     return {

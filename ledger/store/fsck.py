@@ -168,7 +168,7 @@ def fsck(
                 report.findings.append(Finding("record_missing", f"leaf {index}",
                                                "log entry with no mirror row"))
             else:
-                _check_row(row, leaf, report)
+                _check_row(row, leaf, report, verifier.name)
                 _check_coverage(row, coverage, runs)
                 if row.checkpoint_size is not None:
                     named_sealed = max(named_sealed, int(row.checkpoint_size))
@@ -327,15 +327,15 @@ def _check_coverage(row: RecordRow, coverage: _Coverage, runs: _Runs) -> None:
     runs.add("anchor_ref_mismatch", leaf, record_id, f"{said}; {first}")
 
 
-def _check_row(row: RecordRow, leaf: bytes, report: FsckReport) -> None:
+def _check_row(row: RecordRow, leaf: bytes, report: FsckReport, origin: str) -> None:
     where = f"leaf {row.leaf_index} (record {row.record_id})"
     if merkle.hash_leaf(row.canonical) != leaf:
         report.findings.append(Finding("record_altered", where,
                                        "canonical bytes do not hash to the log's leaf"))
         return
     stored = dict(row.columns, record_id=row.record_id, tenant=row.tenant,
-                  created_at=row.created_at)
+                  created_at=row.created_at, environment_index=row.environment_index)
     for found in column_findings(row.leaf_index, row.record_id, row.canonical, stored,
-                                 strict=True):
+                                 strict=True, body=row.body, origin=origin):
         report.findings.append(Finding(found.kind, where,
                                        found.message.removeprefix(f"{where}: ")))

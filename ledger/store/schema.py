@@ -9,7 +9,8 @@ Alembic migrations in ``migrations/``; a test checks the two agree.
 - ``log_meta`` is the log's identity: its unique origin and the verifier key of its
   signing key, fixed when the log is created.
 - ``records`` is the auditors' mirror: typed, indexed columns and the exact canonical
-  bytes that were hashed.
+  bytes that were hashed (for a v2 leaf its envelope, with its body beside it);
+  ``environments`` holds the filter columns of each environment leaf.
 """
 
 from __future__ import annotations
@@ -88,17 +89,41 @@ records = Table(
     Column("checkpoint_size", BigInteger),  # the first checkpoint that covered it
     Column("anchor_ref", Text),
     Column("canonical", LargeBinary, nullable=False),  # the exact bytes that were hashed
+    # v2 leaves (decision 0026): ``canonical`` is the envelope, ``body`` the body beside
+    # it; a v2 record names the environment leaf it ran under. NULL for v1 leaves.
+    Column("body", LargeBinary),
+    Column("environment_index", BigInteger),
     Index("ix_records_created_at", "created_at"),
     Index("ix_records_tenant_created_at", "tenant", "created_at"),
-    Index("ix_records_model_digest", "model_digest"),
-    Index("ix_records_accelerator_model", "accelerator_model"),
-    Index("ix_records_driver_version", "driver_version"),
-    Index("ix_records_service_revision", "service_revision"),
+    # Only rows with a value (migration 0012): a v2 record's are NULL, its environment's
+    # are in ``environments``.
+    *(Index(f"ix_records_{column}", column, sqlite_where=text(f"{column} IS NOT NULL"),
+            postgresql_where=text(f"{column} IS NOT NULL"))
+      for column in ("model_digest", "accelerator_model", "driver_version",
+                     "service_revision")),
     Index("ix_records_checkpoint_size", "checkpoint_size"),
+    Index("ix_records_environment_index", "environment_index"),
     # Rows still waiting for an anchor reference (migration 0004): recording an anchor
     # updates exactly these.
     Index("ix_records_unanchored", "leaf_index", sqlite_where=text("anchor_ref IS NULL"),
           postgresql_where=text("anchor_ref IS NULL")),
+)
+
+# The filter columns of each environment/v1 leaf (decision 0026): a v2 record's model,
+# accelerator, driver, torch and service revision are its environment's, found through
+# records.environment_index. Recomputed by ``audit`` from the leaf's bytes.
+environments = Table(
+    "environments",
+    metadata,
+    Column("leaf_index", BigInteger, primary_key=True, autoincrement=False),
+    Column("model_name", String(256)),
+    Column("model_digest", String(80)),
+    Column("accelerator", String(16)),
+    Column("accelerator_model", String(128)),
+    Column("driver_version", String(64)),
+    Column("torch_version", String(64)),
+    Column("torch_commit", String(64)),
+    Column("service_revision", String(64)),
 )
 
 api_keys = Table(

@@ -293,8 +293,8 @@ async def engine_context(app: web.Application) -> AsyncIterator[None]:
     try:
         for engine in supervised:
             engine.on_environment = functools.partial(_engine_environment, generator)
-            if not engine.alive():
-                await engine.start()
+        # Side by side: each loads its own model; the slowest one sets the start-up time.
+        await asyncio.gather(*(e.start() for e in supervised if not e.alive()))
         yield
     finally:
         for engine in supervised:

@@ -28,6 +28,7 @@ from urllib.parse import urlencode
 from aiohttp import web
 from sqlalchemy import select
 
+from inference_wrapper.server.access import readable_tenant
 from inference_wrapper.server.appkeys import INTEGRATOR, KEYS, LEDGER, SETTINGS, SIGNER
 from inference_wrapper.server.console_pages import (
     SECURITY_HEADERS,
@@ -64,7 +65,6 @@ from inference_wrapper.server.console_sessions import (
     parse_proxies,
     session_secret,
 )
-from inference_wrapper.server.routes import readable_tenant
 from inference_wrapper.server.validation import MAX_QUERY_INT
 from ledger.client.bundle_stream import bundle_chunks, count_matching
 from ledger.client.database import DatabaseSource

@@ -4,15 +4,17 @@ only name an environment leaf of its own engine, appended before it."""
 from __future__ import annotations
 
 import copy
+from datetime import datetime
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ledger import merkle
+from ledger.audit import MirrorRow, audit_range, naive_utc
 from ledger.checkpoint import Checkpoint, NoteSigner
 from ledger.leaves.commitments import row_commitments
 from ledger.leaves.envelope import Leaf
-from ledger.leaves.environment import build_environment
+from ledger.leaves.environment import build_environment, environment_columns
 from ledger.leaves.record_v2 import EnvironmentRef, build_record_v2, row_data
 from ledger.verify import Evidence, LeafEvidence, TrustPolicy, Verdict, verify_record
 from tests.vectors.make_leaf_vectors import INPUTS, ORIGIN
@@ -81,3 +83,37 @@ def test_record_naming_an_environment_of_another_engine_fails_check_1() -> None:
     failed = verdict.failed
     assert failed is not None and failed.number == 1, verdict.to_dict()
     assert "engine-1" in failed.reason and "engine-0" in failed.reason
+
+
+def _audit(leaves: list[Leaf]) -> list[tuple[str, int]]:
+    rows = [MirrorRow(i, leaf.record_id, naive_utc(leaf.created_at), leaf.envelope,
+                      body=leaf.body) for i, leaf in enumerate(leaves)]
+    tree = merkle.MemoryTree()
+    for leaf in leaves:
+        tree.append(leaf.leaf_hash)
+    checkpoint = SIGNER.verifier().open_checkpoint(
+        SIGNER.sign(Checkpoint(ORIGIN, tree.size, tree.root(tree.size)).body()), ORIGIN)
+    environments = {i: environment_columns(leaf.content) for i, leaf in enumerate(leaves)
+                    if leaf.kind == "environment/v1"}
+    report = audit_range(rows, checkpoint, datetime(2026, 1, 1), datetime(2027, 1, 1),
+                         log_size=len(rows), environments=environments)
+    return [(finding.kind, finding.leaf_index) for finding in report.findings]
+
+
+def test_audit_of_record_naming_one_environment_index_and_another_hash() -> None:
+    # Leaf 0 is the engine's declared environment; the record names index 0 but the
+    # leaf hash of leaf 1, another environment (the one it really ran under).
+    declared = _environment()
+    other = _environment(record_id="0192f0c0-0000-7000-8000-0000000000aa",
+                         created_at="2026-12-02T01:02:03.500Z",
+                         model={"name": "other", "digest": "sha256:" + "99" * 32,
+                                "pinned": False})
+    mixed = _record(other, 0)
+    assert _audit([declared, other, _record(declared, 0)]) == []
+    assert _audit([declared, other, mixed]) == [("environment_mismatch", 2)]
+
+
+def test_audit_of_record_naming_an_environment_of_another_engine() -> None:
+    environment = _environment(engine="engine-0")
+    record = _record(environment, 0, engine="engine-1")
+    assert _audit([environment, record]) == [("environment_mismatch", 1)]

@@ -188,6 +188,10 @@ def _depth_within(value: Any, limit: int) -> bool:
     return True
 
 
+# A \uD800-\uDFFF escape: JSON may spell a lone surrogate, which no UTF-8 text holds.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def parse_strict(data: bytes | str, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """Parse JSON that has exactly one meaning: UTF-8, no duplicate keys, no NaN, numbers
     of at most ``MAX_NUMBER_CHARS`` characters, at most ``max_depth`` levels of nesting.
@@ -214,6 +218,12 @@ def parse_strict(data: bytes | str, max_depth: int = MAX_JSON_DEPTH) -> Any:
         raise CanonicalFormError(f"not JSON: {exc}") from exc
     if not _depth_within(value, max_depth):
         raise CanonicalFormError(f"JSON nested deeper than {max_depth} levels")
+    if _SURROGATE_ESCAPE.search(text):  # rare: only then look for a lone one
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise CanonicalFormError("a string is not valid Unicode (lone surrogate)"
+                                     ) from exc
     return value
 
 

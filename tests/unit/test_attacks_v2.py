@@ -1,21 +1,26 @@
-"""Named attacks on a v2 record's environment binding (verify's check 1): a record may
-only name an environment leaf of its own engine, appended before it."""
+"""Named attacks on v2 leaves through verify and audit: a record may
+only name an environment leaf of its own engine, appended before it; bytes that are
+not Unicode fail check 1 instead of crashing."""
 
 from __future__ import annotations
 
 import copy
+import json
 from datetime import datetime
 from typing import Any
 
+import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ledger import merkle
 from ledger.audit import MirrorRow, audit_range, naive_utc
+from ledger.canonical import parse_strict
 from ledger.checkpoint import Checkpoint, NoteSigner
+from ledger.errors import CanonicalFormError
 from ledger.leaves.commitments import row_commitments
-from ledger.leaves.envelope import Leaf
+from ledger.leaves.envelope import Leaf, envelope_bytes, tenant_tag
 from ledger.leaves.environment import build_environment, environment_columns
-from ledger.leaves.record_v2 import EnvironmentRef, build_record_v2, row_data
+from ledger.leaves.record_v2 import RECORD_KIND, EnvironmentRef, build_record_v2, row_data
 from ledger.verify import Evidence, LeafEvidence, TrustPolicy, Verdict, verify_record
 from tests.vectors.make_leaf_vectors import INPUTS, ORIGIN
 
@@ -117,3 +122,25 @@ def test_audit_of_record_naming_an_environment_of_another_engine() -> None:
     environment = _environment(engine="engine-0")
     record = _record(environment, 0, engine="engine-1")
     assert _audit([environment, record]) == [("environment_mismatch", 1)]
+
+
+def test_body_with_a_lone_surrogate_tenant_fails_check_1_instead_of_crashing() -> None:
+    # A hostile source's body: "tenant":"\ud800" (valid JSON, not valid Unicode).
+    environment = _environment()
+    honest = _record(environment, 0)
+    body = honest.body.replace(b'"tenant":"acme"', b'"tenant":"\\ud800"')
+    envelope = envelope_bytes(RECORD_KIND, honest.created_at, honest_tag(), body)
+    forged = Leaf(envelope, body, merkle.hash_leaf(envelope), RECORD_KIND,
+                  json.loads(body))
+    verdict = _verify([environment, forged], 1, 0)
+    failed = verdict.failed
+    assert failed is not None and failed.number == 1, verdict.to_dict()
+    assert "lone surrogate" in failed.reason
+    with pytest.raises(CanonicalFormError, match="lone surrogate"):
+        parse_strict(b'{"a":"\\ud800"}')
+    assert parse_strict(b'{"a":"\\ud83d\\ude00","b":"\\\\ud800"}') == {
+        "a": "\U0001f600", "b": "\\ud800"}
+
+
+def honest_tag() -> str:
+    return tenant_tag(ORIGIN, "acme")

@@ -170,7 +170,7 @@ def compare_columns(leaf_index: int, record_id: str, record: AuditRecord | Leaf,
 
 def _check_row(row: MirrorRow, report: AuditReport, origin: str,
                environments: Mapping[int, Mapping[str, Any]] | None,
-               environment_leaves: dict[int, dict[str, Any]]) -> datetime | None:
+               environment_leaves: dict[int, Leaf]) -> datetime | None:
     """Compare the row's columns with its bytes; returns the record's own time."""
     stored = dict(row.columns or {}, record_id=row.record_id, created_at=row.created_at)
     try:
@@ -192,14 +192,14 @@ def _check_row(row: MirrorRow, report: AuditReport, origin: str,
 
 def _check_environment(row: MirrorRow, leaf: Leaf,
                        environments: Mapping[int, Mapping[str, Any]],
-                       environment_leaves: dict[int, dict[str, Any]],
+                       environment_leaves: dict[int, Leaf],
                        report: AuditReport) -> None:
     """An environment leaf's ``environments`` row is recomputed from its bytes; a v2
     record must name an environment leaf before it (rows come in leaf order)."""
     where = f"leaf {row.leaf_index} (record {row.record_id})"
     if leaf.kind == ENVIRONMENT_KIND:
         expected = environment_columns(leaf.content)
-        environment_leaves[row.leaf_index] = expected
+        environment_leaves[row.leaf_index] = leaf
         stored = environments.get(row.leaf_index)
         if stored is None:
             report.findings.append(AuditFinding(
@@ -214,11 +214,23 @@ def _check_environment(row: MirrorRow, leaf: Leaf,
                     row.leaf_index, row.record_id, name, _show(stored.get(name)), said))
         return
     named = leaf.content.get("environment")
-    if named is not None and named["leaf_index"] not in environment_leaves:
+    if named is None:
+        return
+    environment = environment_leaves.get(named["leaf_index"])
+    problem = None
+    if environment is None:
+        problem = "which is no environment leaf before it"
+    elif environment.leaf_hash.hex() != named["leaf_hash"]:
+        problem = (f"but that leaf hashes to {environment.leaf_hash.hex()}, not the "
+                   f"{named['leaf_hash']} the record names")
+    elif environment.content["engine"] != leaf.content["engine"]:
+        problem = (f"which is {environment.content['engine']}'s, not "
+                   f"{leaf.content['engine']}'s")
+    if problem is not None:
         report.findings.append(AuditFinding(
             ENVIRONMENT_MISMATCH, f"{where}: the record names leaf {named['leaf_index']} as "
-            "its environment, which is no environment leaf before it",
-            row.leaf_index, row.record_id, "environment_index"))
+            f"its environment, {problem}", row.leaf_index, row.record_id,
+            "environment_index"))
 
 
 def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: datetime,
@@ -230,7 +242,7 @@ def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: dateti
     ``environments`` rows by leaf index, each recomputed from its leaf's bytes (None:
     not checked)."""
     report = AuditReport(checkpoint.size)
-    environment_leaves: dict[int, dict[str, Any]] = {}
+    environment_leaves: dict[int, Leaf] = {}
     compact = merkle.CompactRange()
     expected = 0
     for row in rows:

@@ -116,7 +116,7 @@ def _write_leaves(conn: Connection, read: Callable[[str], bytes | None], size: i
                   progress: Callable[[int, int], None] | None) -> merkle.CompactRange:
     mark = "%s" if conn.dialect.name == "postgresql" else "?"
     node_sql = f"INSERT INTO tree_nodes (level, idx, hash) VALUES ({mark}, {mark}, {mark})"
-    columns = (*RECORD_INSERT_COLUMNS, "checkpoint_size")
+    columns = RECORD_INSERT_COLUMNS
     record_sql = (f"INSERT INTO records ({', '.join(columns)}) "
                   f"VALUES ({', '.join([mark] * len(columns))})")
     compact = merkle.CompactRange()
@@ -127,7 +127,7 @@ def _write_leaves(conn: Connection, read: Callable[[str], bytes | None], size: i
         for entry in bundle:
             index = compact.size
             nodes.extend((lv, ix, h) for (lv, ix), h in compact.append(merkle.hash_leaf(entry)))
-            rows.append(_mirror_row(index, entry, size, sqlite))
+            rows.append(_mirror_row(index, entry, sqlite))
             if compact.size in wanted:
                 roots[compact.size] = compact.root()
         if (n + 1) % BATCH_BUNDLES == 0 or compact.size == size:
@@ -141,7 +141,7 @@ def _write_leaves(conn: Connection, read: Callable[[str], bytes | None], size: i
     return compact
 
 
-def _mirror_row(index: int, entry: bytes, size: int, sqlite: bool) -> tuple[object, ...]:
+def _mirror_row(index: int, entry: bytes, sqlite: bool) -> tuple[object, ...]:
     try:
         columns = mirror_columns(open_record(entry))
     except LedgerError as exc:
@@ -150,7 +150,7 @@ def _mirror_row(index: int, entry: bytes, size: int, sqlite: bool) -> tuple[obje
     created = parse_timestamp(columns["created_at"])
     columns["created_at"] = created.strftime("%Y-%m-%d %H:%M:%S.%f") if sqlite else created
     columns["leaf_index"], columns["canonical"] = index, entry
-    return (*(columns[c] for c in RECORD_INSERT_COLUMNS), size)
+    return tuple(columns[c] for c in RECORD_INSERT_COLUMNS)
 
 
 def _write_head(conn: Connection, checkpoint: Checkpoint, note: bytes,

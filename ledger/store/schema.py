@@ -9,7 +9,9 @@ Alembic migrations in ``migrations/``; a test checks the two agree.
 - ``log_meta`` is the log's identity: its unique origin and the verifier key of its
   signing key, fixed when the log is created.
 - ``records`` is the auditors' mirror: typed, indexed columns and the exact canonical
-  bytes that were hashed.
+  bytes that were hashed, each row written once. Which checkpoint and which anchor cover
+  a row is derived from the ``checkpoints`` and ``anchors`` sizes, never stored on it
+  (decision 0029).
 """
 
 from __future__ import annotations
@@ -85,8 +87,6 @@ records = Table(
     Column("service_revision", String(64)),
     Column("input_commitment", String(80)),
     Column("output_commitment", String(80)),
-    Column("checkpoint_size", BigInteger),  # the first checkpoint that covered it
-    Column("anchor_ref", Text),
     Column("canonical", LargeBinary, nullable=False),  # the exact bytes that were hashed
     Index("ix_records_created_at", "created_at"),
     Index("ix_records_tenant_created_at", "tenant", "created_at"),
@@ -94,11 +94,6 @@ records = Table(
     Index("ix_records_accelerator_model", "accelerator_model"),
     Index("ix_records_driver_version", "driver_version"),
     Index("ix_records_service_revision", "service_revision"),
-    Index("ix_records_checkpoint_size", "checkpoint_size"),
-    # Rows still waiting for an anchor reference (migration 0004): recording an anchor
-    # updates exactly these.
-    Index("ix_records_unanchored", "leaf_index", sqlite_where=text("anchor_ref IS NULL"),
-          postgresql_where=text("anchor_ref IS NULL")),
 )
 
 api_keys = Table(

@@ -14,24 +14,21 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     require_extra("serve", "torch", "transformers")  # before anything imports them
-    import torch
-    import transformers
-
     from inference_wrapper.engine.fingerprint.hardware import capture_hardware
     from inference_wrapper.engine.fingerprint.software import (
         dependencies_digest,
+        framework_info,
         python_info,
         service_revision,
+        set_torch_threads,
     )
 
-    torch.set_num_threads(args.torch_threads)
+    set_torch_threads(args.torch_threads)
     report = {
         "hardware": capture_hardware().to_dict(),
         "software": {
             "python": python_info(),
-            "torch": {"version": torch.__version__, "git_version": torch.version.git_version,
-                      "cuda_build": torch.version.cuda},
-            "transformers": {"version": transformers.__version__},
+            **framework_info(),
             "service": service_revision(),
             "dependencies_digest": dependencies_digest(),
         },

@@ -2,6 +2,8 @@
 
   audit-ledger erase --tenant T --subject S
   audit-ledger erase --tenant T RECORD_ID [RECORD_ID ...]
+  ... --legal-basis "GDPR Art. 17(1)(d), ticket 8812"   (records inside the minimum
+      retention: required, and recorded in the erasure leaf; decision 39)
 
 Appends an erasure-record/v1 leaf, then destroys the records' data keys. Every proof
 still verifies; the content can never be read again. A legal hold refuses (exit 1,
@@ -22,6 +24,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tenant", required=True)
     parser.add_argument("--subject", default=None, help="the data-subject id")
     parser.add_argument("record_ids", nargs="*", help="records to erase")
+    parser.add_argument("--legal-basis", default=None,
+                        help="why records inside the minimum retention are erased now")
     parser.add_argument("--by", default=None,
                         help="who requests it, for the erasure leaf (default: local:<user>)")
 
@@ -31,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInputError("--subject", "give either --subject or record ids")
     with opened(args, ledger=True) as (vault, journal):
         erasure = vault.erase(journal, args.tenant, record_ids=args.record_ids,
-                              subject=args.subject, requested_by=args.by or operator_name())
+                              subject=args.subject, requested_by=args.by or operator_name(),
+                              legal_basis=args.legal_basis)
     if args.json:
         print_json(erasure.to_dict())
     elif not erasure.records:

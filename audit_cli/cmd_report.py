@@ -178,8 +178,8 @@ def gather_slo(ledger: Any, data: ReportData) -> SloSummary:
     phase timings) is held to the tightest latency target configured for any route.
     """
     from inference_wrapper.server.settings import Settings
-    from inference_wrapper.server.slo import spans_between
     from ledger import slo
+    from ledger.store.readiness import spans_between
 
     settings = Settings.from_env()
     targets = slo.parse_latency_targets(settings.slo_latency)

@@ -8,7 +8,7 @@ import os
 import signal
 
 from audit_cli.extras import require_extra
-from audit_cli.options import add_model_options, load_from_options
+from audit_cli.options import add_model_options, load_from_options, served_from_options
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -18,6 +18,11 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="ledger database URL (default: SQLite in ~/.cache/audit-ledger)")
     parser.add_argument("--max-batch", type=int, default=None)
     parser.add_argument("--max-wait-ms", type=float, default=None)
+    parser.add_argument("--engines", type=int, default=1,
+                        help="engine processes, batches spread over them (on a GPU machine: "
+                             "one per visible GPU, each sees only its own)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run the model in this process instead (no crash isolation)")
     add_model_options(parser)
 
 
@@ -29,8 +34,9 @@ def run(args: argparse.Namespace) -> int:
     from inference_wrapper.server.logging_setup import setup_queued_logging
     from inference_wrapper.server.settings import Settings
     from ledger.error_map import exit_code_for
-    from ledger.errors import WorkerDiedError
+    from ledger.errors import InvalidInputError, WorkerDiedError
     from ledger.store.apikeys import ApiKeyStore
+    from ledger.store.file_modes import private_directory, sqlite_path
     from ledger.store.migrate import upgrade
     from ledger.store.sql import SqlLedger, make_engine
 
@@ -39,10 +45,11 @@ def run(args: argparse.Namespace) -> int:
                                  max_wait_ms=args.max_wait_ms)
     # Log calls only enqueue: a stalled stdout must not stall the event loop.
     queued_logging = setup_queued_logging(logging.INFO, capacity=settings.log_queue_capacity)
-    if settings.database_url.startswith("sqlite:///"):
-        from pathlib import Path
-
-        Path(settings.database_url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    # The service home holds the keyring, the log key and (by default) the database.
+    private_directory(settings.keyring_path.parent)
+    database = sqlite_path(settings.database_url)
+    if database is not None:
+        database.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     upgrade(settings.database_url)
     # Refuse to start (exit 2, before loading the model) when this replica's key or
     # origin is not the log's: it would seal checkpoints no verifier accepts.
@@ -63,20 +70,24 @@ def run(args: argparse.Namespace) -> int:
               "       -H 'Content-Type: application/json' \\\n"
               "       -d '{\"prompt\": \"The capital of France is\", \"max_new_tokens\": 16}'\n")
     engine.dispose()
-    generator = AuditedGenerator(load_from_options(args))
+    if args.engines < 1:
+        raise InvalidInputError("--engines", "needs at least one engine")
+    generator = (AuditedGenerator(load_from_options(args)) if args.in_process
+                 else served_from_options(args, args.engines))
 
     def stop_for_supervisor(worker: str) -> None:
         # The same path as SIGTERM: drain, seal, close; then exit non-zero below.
         os.kill(os.getpid(), signal.SIGTERM)
 
     app = create_app(settings, generator, on_fatal=stop_for_supervisor)
-    print(f"serving {generator.loaded.name} ({generator.loaded.digest}) on "
+    where = "in this process" if args.in_process else f"{args.engines} engine process(es)"
+    print(f"serving {generator.loaded.name} ({generator.loaded.digest}, {where}) on "
           f"http://{settings.host}:{settings.port}", flush=True)
     try:
         # Not web.run_app: it closes the listener at SIGTERM, refusing new connections
         # instead of answering them 503 while the requests in flight drain.
         serve.run(app, settings.host, settings.port,
-                  drain_timeout_s=settings.request_timeout_s)
+                  drain_timeout_s=settings.shutdown_grace_s)
         dead = app[LIFECYCLE].dead_worker
         if dead is not None:  # logged, not printed: a stalled stderr must not hang the exit
             logging.getLogger("audit_ledger").critical(

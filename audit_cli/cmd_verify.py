@@ -219,8 +219,10 @@ def run(args: argparse.Namespace) -> int:
             origin = _origin(args, evidence.checkpoint_note)
             verdict = verify_record(evidence, verifier, origin, seen_note=state.seen,
                                     disclosure=disclosure, policy=policy)
-            # Only a checkpoint that itself meets the trust policy is remembered.
-            if not verdict.advances_state or state.advance(evidence.checkpoint_note):
+            # Only a checkpoint that itself meets the trust policy is remembered (or the
+            # anchored prefix of it that does).
+            if not verdict.ok or verdict.state_note is None \
+                    or state.advance(verdict.state_note):
                 break
     finally:
         if hasattr(source, "ledger"):
@@ -340,10 +342,11 @@ def _verify_bundle(args: argparse.Namespace, verifier: NoteVerifier, policy: Tru
             verdicts.append(verdict)
         if args.record_id and not verdicts:
             verdicts = [record_missing(args.record_id, "the bundle holds no such record")]
-        # The bundle's checkpoint, once every record verified and if it meets the trust
-        # policy itself, is something we have seen.
-        if not verdicts or not all(v.advances_state for v in verdicts) \
-                or state.advance(bundle.checkpoint):
+        # Once every record verified, what they let us remember (the bundle's checkpoint
+        # if it meets the trust policy itself, else its anchored prefix that does).
+        notes = {v.state_note for v in verdicts}
+        if not verdicts or not all(v.ok for v in verdicts) or len(notes) != 1 \
+                or None in notes or state.advance(notes.pop() or b""):
             break
     for verdict in verdicts:
         _replay_check(verdict, args, disclosure.prompt)

@@ -25,7 +25,7 @@ from ledger.error_map import EXIT_INTERNAL, exit_code_for
 from ledger.errors import InvalidInputError, LedgerError
 
 SUBCOMMANDS = ("doctor", "generate", "serve", "keys", "verify", "export", "query", "log", "audit",
-               "witness", "content", "erase", "retention", "report", "restore")
+               "witness", "content", "erase", "retention", "report", "restore", "console")
 
 
 class UsageError(InvalidInputError):

@@ -19,16 +19,39 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def load_from_options(args: argparse.Namespace) -> Any:
-    import torch
-
+    from inference_wrapper.engine.fingerprint.software import set_torch_threads
     from inference_wrapper.engine.model import load_default_model, load_model
     from inference_wrapper.engine.modelfiles import load_manifest
 
-    torch.set_num_threads(args.torch_threads)
+    set_torch_threads(args.torch_threads)
     if args.model_dir is None:
         return load_default_model(device=args.device)
     manifest = load_manifest(args.model_manifest) if args.model_manifest else None
     return load_model(args.model_dir, manifest=manifest, device=args.device)
+
+
+def served_from_options(args: argparse.Namespace, engines: int) -> Any:
+    """An ``AuditedGenerator`` whose model runs in ``engines`` supervised engine processes;
+    this process loads only the tokenizer (decision 0030)."""
+    from inference_wrapper.audit.generator import AuditedGenerator
+    from inference_wrapper.defaults import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME, PINNED_MANIFEST
+    from inference_wrapper.engine.model import load_served_model
+    from inference_wrapper.engine.modelfiles import load_manifest
+    from inference_wrapper.engine.placement import engine_specs
+    from inference_wrapper.engine.supervised import SupervisedEngine
+
+    if args.model_dir is None:
+        if not DEFAULT_MODEL_DIR.is_dir():
+            raise FileNotFoundError(f"default model not found at {DEFAULT_MODEL_DIR}; run "
+                                    "the set-up (make setup)")
+        directory, manifest_path, name = DEFAULT_MODEL_DIR, PINNED_MANIFEST, DEFAULT_MODEL_NAME
+    else:
+        directory, manifest_path, name = args.model_dir, args.model_manifest, None
+    manifest = load_manifest(manifest_path) if manifest_path else None
+    served = load_served_model(directory, name=name, manifest=manifest)
+    specs = engine_specs(engines, directory, name=served.name, manifest=manifest_path,
+                         device=args.device, torch_threads=args.torch_threads)
+    return AuditedGenerator(served, engines=[SupervisedEngine(spec) for spec in specs])
 
 
 def print_json(value: Any) -> None:

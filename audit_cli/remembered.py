@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ledger.checkpoint import NoteVerifier
+from ledger import merkle
+from ledger.checkpoint import Checkpoint, NoteVerifier
 from ledger.errors import VerificationError
 from ledger.remembered import FORK, Divergence, against_seen
 
@@ -42,6 +43,13 @@ class Memory:
                               f"verify against the pinned key ({exc})")
         tree_size, _ = ledger.tree_head()
         return against_seen(seen, latest, tree_size, ledger.read_nodes)
+
+    def check_tree(self, latest: Checkpoint, read: merkle.NodeReader) -> Divergence | None:
+        """The same, for a tree read through its tiles (``latest`` already verified)."""
+        if self.seen is None:
+            return None
+        seen = self.verifier.open_checkpoint(self.seen, self.verifier.name)
+        return against_seen(seen, latest, latest.size, read)
 
     def advance(self, note: bytes | None) -> None:
         """Remember ``note`` (verified by the caller) unless a larger one is remembered."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from ledger.checkpoint import Checkpoint, NoteVerifier
@@ -25,6 +26,10 @@ def add_window_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--accept-unwitnessed", action="store_true",
                        help="accept a checkpoint no witness cosigned (the answer says so)")
     group.add_argument("--origin", help="the log's origin (default: the key's name)")
+    group.add_argument("--state", type=Path, help="this auditor's state file (default: one "
+                       "per log under $AUDIT_LEDGER_HOME/verifier, shared with verify)")
+    group.add_argument("--no-state", action="store_true",
+                       help="neither read nor advance the state file")
 
 
 def trusted_checkpoint(args: argparse.Namespace, verifier: NoteVerifier, note: bytes
@@ -54,6 +59,7 @@ def prove_from_tiles(args: argparse.Namespace, since: Any, until: Any,
     """Read the window through ``--tiles`` and prove it: (answer, the tiled log, the
     leaves read, how the checkpoint is vouched for)."""
     from audit_cli.evidence import pinned_verifier
+    from audit_cli.remembered import Memory
     from ledger.client.tiles import TiledLog, open_tiles
 
     if not args.tiles:
@@ -67,7 +73,12 @@ def prove_from_tiles(args: argparse.Namespace, since: Any, until: Any,
         raise InvalidInputError("--tiles", "no checkpoint is published there")
     checkpoint, vouched = trusted_checkpoint(args, verifier, note)
     log = TiledLog(source, checkpoint, note)
+    memory = Memory(args, verifier)  # the tree must extend the checkpoint seen last
+    divergence = memory.check_tree(checkpoint, log.nodes.read_nodes)
+    if divergence is not None:
+        raise WindowError(divergence.message)
     answer, entries = log.prove_window(since, until, leaf_filter(filters, checkpoint.origin))
+    memory.advance(note)
     return answer, log, entries, vouched
 
 
@@ -80,6 +91,8 @@ def leaf_filter(filters: Mapping[str, str], origin: str) -> Callable[[int, bytes
 
     tag = tenant_tag(origin, filters["tenant"]) if "tenant" in filters else None
 
+    wanted = [value.encode() for value in filters.values()]
+
     def keep(index: int, entry: bytes) -> bool:
         if not filters:
             return True
@@ -88,6 +101,10 @@ def leaf_filter(filters: Mapping[str, str], origin: str) -> Callable[[int, bytes
                 raise InvalidInputError(sorted(set(filters) - {"tenant"})[0].replace(
                     "_", "-"), "v2 leaves are filtered by tenant only through tiles")
             return bool(json.loads(entry)["tenant_tag"] == tag)
+        # Without a backslash every JSON string is spelled out in the bytes: a record not
+        # holding each wanted value verbatim cannot match, and is not parsed.
+        if b"\\" not in entry and not all(value in entry for value in wanted):
+            return False
         columns: dict[str, Any] = mirror_columns(open_record(entry))
         return all(str(columns.get(name)) == value for name, value in filters.items())
 

@@ -2,11 +2,13 @@
 
     .venv/bin/python bench/bench_endpoint.py [--requests 480] [--batch-one] [--default-model]
 
-(a) the service, audited, dynamic batching (max batch 32);
+(a) the service, audited, dynamic batching (max batch 32), the model in an engine process;
 (b) the service, audited, batch size 1 (only with --batch-one);
-(c) a bare aiohttp handler defined here, same model, same batcher, no fingerprints and
-    no ledger (the service itself has no switch that turns auditing off).
-Each server runs in its own process with one torch thread and has its output drained by
+(c) a bare aiohttp handler defined here, the same engine layout (an engine process), same
+    batcher, no records and no ledger (the service has no switch that turns auditing off);
+(d) the old layout's bare handler: the same, with the model on a thread of the server
+    process (decision 30: what the audited service was measured against before).
+Each server (and each engine) runs with one torch thread and has its output drained by
 a thread here (a server whose stdout is not read would stall on a full pipe); the load
 comes from this process over loopback HTTP, ``--requests`` per level (enough for a p99
 that is not just the slowest request). Both servers run at once and the levels
@@ -44,19 +46,29 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def serve_bare(port: int, model_dir: str, manifest: str) -> None:
-    """Mode (c): the same model and batcher, no audit at all."""
-    import torch
+def serve_bare(port: int, model_dir: str, manifest: str, layout: str) -> None:
+    """Modes (c) and (d): the same model and batcher, no audit at all; the model in an
+    engine process (``layout`` "process") or on a thread here ("in-process")."""
     from aiohttp import web
 
     from inference_wrapper.audit.batcher import Batcher
     from inference_wrapper.audit.generator import AuditedGenerator
-    from inference_wrapper.engine.model import load_model
+    from inference_wrapper.engine.fingerprint.software import set_torch_threads
+    from inference_wrapper.engine.model import load_model, load_served_model
     from inference_wrapper.engine.params import GenerationParams
+    from inference_wrapper.engine.process import EngineSpec
+    from inference_wrapper.engine.supervised import SupervisedEngine
 
-    torch.set_num_threads(1)
-    generator = AuditedGenerator(load_model(Path(model_dir),
-                                            manifest=json.loads(Path(manifest).read_text())))
+    set_torch_threads(1)
+    pinned = json.loads(Path(manifest).read_text())
+    engine: SupervisedEngine | None = None
+    if layout == "process":
+        engine = SupervisedEngine(EngineSpec("engine-0", Path(model_dir),
+                                             manifest=Path(manifest), device="cpu"))
+        generator = AuditedGenerator(load_served_model(Path(model_dir), manifest=pinned),
+                                     engines=[engine])
+    else:
+        generator = AuditedGenerator(load_model(Path(model_dir), manifest=pinned))
 
     class NoAudit:
         """run_batch is the real one; seal only hands the texts back."""
@@ -65,7 +77,7 @@ def serve_bare(port: int, model_dir: str, manifest: str) -> None:
             return getattr(generator, name)
 
         def seal(self, batch: Any) -> list[Any]:
-            return [type("Out", (), {"text": t, "record": None})() for t in batch.texts]
+            return [type("Out", (), {"text": t, "record": None})() for t in batch.result.texts]
 
     class NoJournal:
         async def append_many_async(self, records: Any) -> list[None]:
@@ -79,11 +91,15 @@ def serve_bare(port: int, model_dir: str, manifest: str) -> None:
         return web.json_response({"output": answer.output.text})
 
     async def start(app: web.Application) -> Any:
+        if engine is not None:
+            await engine.start()
         batcher = Batcher(NoAudit(), NoJournal(), max_batch=32, max_wait_ms=5.0)  # type: ignore[arg-type]
         batcher.start()
         app["batcher"] = batcher
         yield
         await batcher.drain()
+        if engine is not None:
+            await engine.close()
 
     app = web.Application()
     app.cleanup_ctx.append(start)
@@ -185,11 +201,37 @@ def thread_cpu(pid: int, base: str, named: bool) -> dict[str, float]:
     return by_id
 
 
+def child_pids(pid: int) -> list[int]:
+    """A process's children (its engine processes), from ``/proc`` (Linux)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def process_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of a server process and of each of its engine processes."""
+    cpu = {"api": cpu_seconds(pid)}
+    for index, child in enumerate(sorted(child_pids(pid))):
+        try:
+            cpu[f"engine {index}"] = cpu_seconds(child)
+        except OSError:  # it has just exited
+            continue
+    return cpu
+
+
 def summary(latencies: list[float], elapsed: float) -> tuple[float, float, float]:
     """(requests/s, p50 ms, p99 ms)."""
     ordered = sorted(latencies)
     return (len(ordered) / elapsed, statistics.median(ordered) * 1e3,
             ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3)
+
+
+AUDITED, BARE, OLD_BARE = ("(a) audited, batching", "(c) bare, batching",
+                           "(d) old bare, in-process")
 
 
 def main() -> None:
@@ -205,10 +247,12 @@ def main() -> None:
     parser.add_argument("--levels", default="1,8,32")
     parser.add_argument("--default-model", action="store_true",
                         help="use the shipped SmolLM2-135M instead of the tiny model")
-    parser.add_argument("--serve-bare", nargs=3, metavar=("PORT", "MODEL", "MANIFEST"))
+    parser.add_argument("--serve-bare", nargs=4,
+                        metavar=("PORT", "MODEL", "MANIFEST", "LAYOUT"))
     args = parser.parse_args()
     if args.serve_bare:
-        serve_bare(int(args.serve_bare[0]), args.serve_bare[1], args.serve_bare[2])
+        serve_bare(int(args.serve_bare[0]), args.serve_bare[1], args.serve_bare[2],
+                   args.serve_bare[3])
         return
     levels = [int(x) for x in args.levels.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -223,22 +267,23 @@ def main() -> None:
             manifest = Path(tmp) / "tiny.manifest.json"
         env = dict(os.environ, AUDIT_LEDGER_HOME=tmp, PYTHONUNBUFFERED="1")
         results: dict[str, dict[int, tuple[float, float, float]]] = {}
-        cpu: dict[str, dict[int, float]] = {}  # server CPU seconds per request, summed
+        cpu: dict[str, dict[int, dict[str, float]]] = {}  # CPU s per request, per process
         by_thread: dict[tuple[str, int], dict[str, float]] = {}  # CPU s per request
         slices: dict[tuple[str, int], list[float]] = {}  # requests/s of each slice
-        configs: dict[str, list[str] | None] = {
-            "(a) audited, batching": ["--max-batch", "32"],
-            "(c) bare, batching": None,
+        configs: dict[str, list[str]] = {
+            AUDITED: ["serve", "--max-batch", "32"],
+            BARE: ["bare", "process"],
+            OLD_BARE: ["bare", "in-process"],
         }
         if args.batch_one:
-            configs["(b) audited, batch 1"] = ["--max-batch", "1"]
+            configs["(b) audited, batch 1"] = ["serve", "--max-batch", "1"]
         servers: dict[str, tuple[subprocess.Popen[str], str, str]] = {}
         try:
-            for name, extra in configs.items():
+            for name, (kind, *extra) in configs.items():
                 port = free_port()
-                if extra is None:
+                if kind == "bare":
                     cmd = [sys.executable, __file__, "--serve-bare", str(port),
-                           str(model_dir), str(manifest)]
+                           str(model_dir), str(manifest), *extra]
                 else:
                     cmd = [sys.executable, "-m", "audit_cli.main", "serve", "--port",
                            str(port), "--db", f"sqlite:///{tmp}/{port}.db", "--model-dir",
@@ -249,27 +294,29 @@ def main() -> None:
                 cpu[name] = {}
                 asyncio.run(wait_ready(base))
             for level in levels:
-                # Alternate slices (a, c, c, a, ...): both servers see the same machine.
+                # Alternate slices (a, c, d, d, c, a, ...): all see the same machine.
                 samples: dict[str, tuple[list[float], float]] = {n: ([], 0.0) for n in servers}
                 names = list(servers)
                 for round_ in range(args.rounds):
                     for name in (names if round_ % 2 == 0 else names[::-1]):
                         proc, base, token = servers[name]
-                        cpu_start: list[float] = []
+                        cpu_start: list[dict[str, float]] = []
                         named = token != ""  # the audited services, with /metrics
                         threads_start: list[dict[str, float]] = []
 
-                        def started(p: int = proc.pid, c: list[float] = cpu_start,
+                        def started(p: int = proc.pid, c: list[dict[str, float]] = cpu_start,
                                     t: list[dict[str, float]] = threads_start,
                                     b: str = base, n: bool = named) -> None:
                             t.append(thread_cpu(p, b, n))
-                            c.append(cpu_seconds(p))
+                            c.append(process_cpu(p))
 
                         latencies, elapsed = asyncio.run(load(
                             base, token, level, max(level, args.requests // args.rounds),
                             args.new_tokens, started))
-                        cpu[name][level] = cpu[name].get(level, 0.0) + (
-                            cpu_seconds(proc.pid) - cpu_start[0]) / len(latencies)
+                        per_process = cpu[name].setdefault(level, {})
+                        for process, seconds in process_cpu(proc.pid).items():
+                            per_process[process] = per_process.get(process, 0.0) + (
+                                seconds - cpu_start[0].get(process, 0.0)) / len(latencies)
                         per = by_thread.setdefault((name, level), {})
                         for thread, seconds in thread_cpu(proc.pid, base, named).items():
                             per[thread] = per.get(thread, 0.0) + (
@@ -288,15 +335,16 @@ def main() -> None:
                 proc.wait(timeout=60)
     model = "SmolLM2-135M" if args.default_model else "tiny model"
     print(f"{model}, {args.new_tokens} new tokens, {args.requests} requests per level and "
-          f"server in {args.rounds} alternating slices, 1 torch thread per server")
-    print(f"{'':24}" + "".join(f"{'c=' + str(c):>28}" for c in levels))
+          f"server in {args.rounds} alternating slices, 1 torch thread per engine")
+    print(f"{'':26}" + "".join(f"{'c=' + str(c):>28}" for c in levels))
     for name, per_level in results.items():
         cells = "".join(f"{rps:8.1f} req/s {p50:6.0f}/{p99:6.0f} ms"
                         for rps, p50, p99 in per_level.values())
-        print(f"{name:24}{cells}")
-    a, c = results["(a) audited, batching"], results["(c) bare, batching"]
+        print(f"{name:26}{cells}")
+    a, c, d = results[AUDITED], results[BARE], results[OLD_BARE]
     for level in levels:
         line = (f"c={level}: audited/bare throughput = {a[level][0] / c[level][0]:.3f}; "
+                f"audited/old bare = {a[level][0] / d[level][0]:.3f}; "
                 f"p99 added by auditing = {a[level][2] - c[level][2]:+.1f} ms "
                 f"(p50 {a[level][1] - c[level][1]:+.1f} ms)")
         if args.batch_one:
@@ -306,32 +354,31 @@ def main() -> None:
     # Neighbouring slices see nearly the same machine: the median of their ratios shrugs
     # off the drifts (other work, frequency) that move the totals above.
     for level in levels:
-        pairs = sorted(x / y for x, y in zip(slices[("(a) audited, batching", level)],
-                                             slices[("(c) bare, batching", level)],
-                                             strict=True))
-        quarter = len(pairs) // 4
-        print(f"c={level}: audited/bare throughput, median of {len(pairs)} neighbouring "
-              f"slice pairs = {statistics.median(pairs):.3f} (middle half "
-              f"{pairs[quarter]:.3f}-{pairs[len(pairs) - 1 - quarter]:.3f})")
-    # CPU time is what auditing adds to each request whatever the machine's noise: the
-    # server process's own user + system time (every thread), per request served.
+        for against, label in ((BARE, "bare"), (OLD_BARE, "old bare (in-process)")):
+            pairs = sorted(x / y for x, y in zip(slices[(AUDITED, level)],
+                                                 slices[(against, level)], strict=True))
+            quarter = len(pairs) // 4
+            print(f"c={level}: audited/{label} throughput, median of {len(pairs)} "
+                  f"neighbouring slice pairs = {statistics.median(pairs):.3f} (middle half "
+                  f"{pairs[quarter]:.3f}-{pairs[len(pairs) - 1 - quarter]:.3f})")
+    # CPU time per request served, per process (the API server, each engine): what each
+    # layout spends whatever the machine's noise.
     for level in levels:
-        audited = cpu["(a) audited, batching"][level] / args.rounds * 1e3
-        bare = cpu["(c) bare, batching"][level] / args.rounds * 1e3
-        print(f"c={level}: server CPU per request: audited {audited:.3f} ms, bare {bare:.3f} "
-              f"ms; added by auditing {audited - bare:+.3f} ms")
-    # Which thread spends it (clock-tick resolution): the audited service names its
-    # threads on /metrics; the bare one's are only ranked (the busiest is its model
-    # thread, the next its event loop). On the tiny model nearly all of it runs under
-    # one GIL, so CPU per request is what sets throughput.
+        cells = "; ".join(
+            f"{name[:3]} " + ", ".join(f"{process} {seconds / args.rounds * 1e3:.3f}"
+                                       for process, seconds in cpu[name][level].items())
+            for name in servers)
+        print(f"c={level}: CPU per request (ms) by process: {cells}")
+    # Which thread of the API process spends it (clock-tick resolution): the audited
+    # service names its threads on /metrics; the bare ones' are only ranked.
     for level in levels:
-        for name in ("(a) audited, batching", "(c) bare, batching"):
+        for name in servers:
             per = sorted(by_thread.get((name, level), {}).items(), key=lambda kv: -kv[1])
             cells = ", ".join(f"{thread if name.startswith('(a)') else f'#{rank}'} "
                               f"{seconds / args.rounds * 1e6:.0f}"
                               for rank, (thread, seconds) in enumerate(per, 1)
                               if seconds / args.rounds >= 1e-6)
-            print(f"c={level}: {name} CPU per request by thread (us): {cells}")
+            print(f"c={level}: {name} API process CPU per request by thread (us): {cells}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,11 @@ ERASURE_SCHEMA = "erasure-record/v1"
 ACCESS_KEYS = frozenset(("record_id", "tenant", "accessor", "purpose", "channel"))
 ACCESSOR_KEYS = frozenset(("key_id", "role", "tenant"))
 ERASURE_KEYS = frozenset(("records", "reason", "requested_by", "selector"))
-ERASURE_REASONS = ("request", "expiry")
+# Optional: the legal basis of an erasure before the minimum retention (decision 38), and
+# the erasure leaf a "cancelled" leaf withdraws (a legal hold placed while it was logged).
+ERASURE_OPTIONAL_KEYS = frozenset(("legal_basis", "cancels"))
+ERASURE_REASONS = ("request", "expiry", "cancelled")
+MAX_LEGAL_BASIS_CHARS = 500
 MAX_PURPOSE_CHARS = 500
 
 
@@ -63,7 +67,16 @@ def validate_access(body: Mapping[str, Any]) -> None:
 def validate_erasure(body: Mapping[str, Any]) -> None:
     """Shape of an ``erasure-record/v1`` leaf."""
     _top_level(body, "erasure")
-    erasure = _exact_keys(body["erasure"], ERASURE_KEYS, "record.erasure")
+    section = body["erasure"]
+    optional = set(section) & ERASURE_OPTIONAL_KEYS if isinstance(section, Mapping) else set()
+    erasure = _exact_keys(section, ERASURE_KEYS | optional, "record.erasure")
+    if "legal_basis" in erasure:
+        _text(erasure["legal_basis"], "record.erasure.legal_basis", MAX_LEGAL_BASIS_CHARS)
+    if "cancels" in erasure:
+        _text(erasure["cancels"], "record.erasure.cancels", 64)
+    if (erasure["reason"] == "cancelled") != ("cancels" in erasure):
+        raise CanonicalFormError("a cancelled erasure names the leaf it cancels, and only it",
+                                 field="record.erasure.cancels")
     records = erasure["records"]
     if not isinstance(records, list) or not records:
         raise CanonicalFormError("must be a non-empty list", field="record.erasure.records")
@@ -95,16 +108,35 @@ def access_body(*, leaf_id: str, created_at: str, record_id: str, record_tenant:
 
 
 def erasure_body(*, leaf_id: str, created_at: str, tenant: str, records: Sequence[str],
-                 reason: str, selector: str, requested_by: str) -> dict[str, Any]:
+                 reason: str, selector: str, requested_by: str,
+                 legal_basis: str | None = None, cancels: str | None = None
+                 ) -> dict[str, Any]:
     """The body of an erasure leaf (record ids sorted, so the same erasure has one form)."""
+    section: dict[str, Any] = {"records": sorted(records), "reason": reason,
+                               "selector": selector, "requested_by": requested_by}
+    if legal_basis is not None:
+        section["legal_basis"] = legal_basis
+    if cancels is not None:
+        section["cancels"] = cancels
     body = {
         "schema": ERASURE_SCHEMA, "record_id": leaf_id, "created_at": created_at,
-        "tenant": tenant,
-        "erasure": {"records": sorted(records), "reason": reason, "selector": selector,
-                    "requested_by": requested_by},
+        "tenant": tenant, "erasure": section,
     }
     validate_erasure(body)
     return body
+
+
+def check_legal_basis(basis: Any) -> str | None:
+    """The stated legal basis of an early erasure: None, or printable text of 3 to 500
+    characters (e.g. "GDPR Art. 17(1)(d): unlawfully processed, ticket 8812")."""
+    if basis is None:
+        return None
+    if not isinstance(basis, str) or not 3 <= len(basis.strip()) <= MAX_LEGAL_BASIS_CHARS:
+        raise InvalidInputError("legal_basis", f"must be 3 to {MAX_LEGAL_BASIS_CHARS} "
+                                "characters")
+    if not basis.isprintable():
+        raise InvalidInputError("legal_basis", "must be printable text on one line")
+    return basis.strip()
 
 
 def check_purpose(purpose: Any) -> str:

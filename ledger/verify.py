@@ -43,6 +43,10 @@ CHECK_NAMES = {
     6: "replay reproduces the output",
 }
 
+# What a verdict lets the verifier remember (``Verdict.state_note``).
+CHECKPOINT = "checkpoint"
+ANCHOR = "anchor"
+
 # Trust levels check 4 can reach (``Check.level``), strongest first.
 FABRIC = "fabric"
 WITNESSED = "witnessed"
@@ -163,6 +167,10 @@ class Verdict:
     checks: list[Check] = field(default_factory=list)
     checkpoint: Checkpoint | None = None
     record: dict[str, Any] | None = None
+    # The note this verifier may remember after this verdict: the checkpoint when it meets
+    # the trust policy itself, else the anchored note that does (a prefix of it), else
+    # None. Only meaningful when the verdict is ok.
+    state_note: bytes | None = None
 
     @property
     def ok(self) -> bool:
@@ -181,8 +189,9 @@ class Verdict:
 
     @property
     def advances_state(self) -> bool:
-        """Whether the verifier may remember this checkpoint: verified, and vouched for
-        itself (not only through an older anchored checkpoint that covers the record)."""
+        """Whether the verifier may remember this very checkpoint: verified, and vouched
+        for itself (not only through an older anchored checkpoint that covers the
+        record; ``state_note`` then says what it may remember instead)."""
         return self.ok and all(c.advances for c in self.checks if c.number == 4)
 
     @property
@@ -275,12 +284,14 @@ def verify_record(
 
     # Check 4: no rollback or fork, anchored, and vouched for by someone else.
     try:
-        reasons, level, advances = _check_history(evidence, verifier, origin, checkpoint,
+        reasons, level, remember = _check_history(evidence, verifier, origin, checkpoint,
                                                   seen_note, policy)
     except LedgerError as exc:
         verdict.add(4, False, f"{type(exc).__name__}: {exc}")
         return _skip_rest(verdict, {5})
-    verdict.add(4, True, "; ".join(reasons), level, advances)
+    verdict.add(4, True, "; ".join(reasons), level, remember == CHECKPOINT)
+    verdict.state_note = (evidence.checkpoint_note if remember == CHECKPOINT
+                          else evidence.anchored_note if remember == ANCHOR else None)
 
     _check_disclosure(verdict, body, disclosure or Disclosure())
     return verdict
@@ -308,9 +319,10 @@ def _check_record(verdict: Verdict, evidence: Evidence, leaf: bytes) -> dict[str
 
 def _check_history(evidence: Evidence, verifier: NoteVerifier, origin: str,
                    checkpoint: Checkpoint, seen_note: bytes | None,
-                   policy: TrustPolicy) -> tuple[list[str], str, bool]:
-    """Check 4. Raises the error that names the failure; returns reasons, level and
-    whether the checkpoint itself meets the policy (the state may advance to it).
+                   policy: TrustPolicy) -> tuple[list[str], str, str | None]:
+    """Check 4. Raises the error that names the failure; returns reasons, level and what
+    the verifier may remember: CHECKPOINT when it meets the policy itself, ANCHOR when
+    only the anchored checkpoint (a proven prefix of it) does, None when neither.
 
     An anchored checkpoint that covers the record proves the record even when the
     checkpoint is larger than it; but then nobody but the operator vouches for the
@@ -348,23 +360,25 @@ def _check_history(evidence: Evidence, verifier: NoteVerifier, origin: str,
     # (c) Who vouches for it besides the operator.
     covers_checkpoint = anchored is not None and anchored.size >= checkpoint.size
     if policy.fabric and evidence.anchor_from_fabric and anchored is not None:
-        advances = covers_checkpoint or _quorum_on_checkpoint(evidence, policy)
-        return (reasons + ["anchored on Fabric" + _no_advance(advances, checkpoint,
-                                                              anchored)], FABRIC, advances)
+        remember: str | None = CHECKPOINT if covers_checkpoint or _quorum_on_checkpoint(
+            evidence, policy) else ANCHOR  # the channel vouches for the anchored note
+        return (reasons + ["anchored on Fabric" + _no_advance(remember, checkpoint,
+                                                              anchored)], FABRIC, remember)
     if policy.witnesses:
         own = _cosigners(evidence.checkpoint_note, tuple(policy.witnesses))
-        found = dict(own)
+        found, by_anchor = dict(own), {}
         if anchored is not None and anchored.size > evidence.leaf_index:
             by_anchor = _cosigners(evidence.anchored_note or b"", tuple(policy.witnesses))
             found.update(by_anchor)
             if covers_checkpoint:
                 own = found
         if len(found) >= policy.required:
-            advances = len(own) >= policy.required
+            remember = (CHECKPOINT if len(own) >= policy.required
+                        else ANCHOR if len(by_anchor) >= policy.required else None)
             return reasons + [f"cosigned by {len(found)} of {len(policy.witnesses)} "
                               f"pinned witnesses ({', '.join(sorted(found))}; quorum "
                               f"{policy.required})"
-                              + _no_advance(advances, checkpoint, anchored)], WITNESSED, advances
+                              + _no_advance(remember, checkpoint, anchored)], WITNESSED, remember
         missing = [w.name for w in policy.witnesses if w.name not in found]
         raise QuorumError(sorted(found), missing, policy.required)
     if policy.fabric:
@@ -378,7 +392,7 @@ def _check_history(evidence: Evidence, verifier: NoteVerifier, origin: str,
             "vouches for itself; check a Fabric anchor (--fabric-*) or witness "
             "cosignatures (--witness), or accept this with --accept-self-anchored")
     return reasons + [f"SELF-ANCHORED: only the operator's own anchor ({where}); "
-                      "accepted by --accept-self-anchored"], SELF_ANCHORED, True
+                      "accepted by --accept-self-anchored"], SELF_ANCHORED, CHECKPOINT
 
 
 def _quorum_on_checkpoint(evidence: Evidence, policy: TrustPolicy) -> bool:
@@ -388,12 +402,15 @@ def _quorum_on_checkpoint(evidence: Evidence, policy: TrustPolicy) -> bool:
     return len(own) >= policy.required
 
 
-def _no_advance(advances: bool, checkpoint: Checkpoint, anchored: Checkpoint | None) -> str:
-    if advances or anchored is None:
+def _no_advance(remember: str | None, checkpoint: Checkpoint,
+                anchored: Checkpoint | None) -> str:
+    if remember == CHECKPOINT or anchored is None:
         return ""
+    kept = (f"remembers the anchored size {anchored.size}, not this one"
+            if remember == ANCHOR else "does not remember it")
     return (f" (the record is proven through the anchored size {anchored.size}; the "
             f"size-{checkpoint.size} checkpoint itself is vouched for by nobody but the "
-            "operator, so this verifier does not remember it)")
+            f"operator, so this verifier {kept})")
 
 
 @lru_cache(maxsize=64)

@@ -104,6 +104,8 @@ def parse_request(body: bytes) -> AddCheckpoint:
             node = base64.b64decode(line, validate=True)
         except binascii.Error:
             raise WitnessRefusal(400, "a consistency proof line is not base64") from None
+        if base64.b64encode(node).decode("ascii") != line:  # one spelling per hash
+            raise WitnessRefusal(400, "a consistency proof line is not canonical base64")
         if len(node) != merkle.HASH_SIZE:
             raise WitnessRefusal(400, "a consistency proof line is not a 32-byte hash")
         proof.append(node)

@@ -1,9 +1,12 @@
 """Dynamic batching: up to ``max_batch`` requests or ``max_wait_ms``, one ``generate`` each.
 
-The model runs on one dedicated thread. As soon as a batch's tokens are out, the next
-batch starts; the audit work of the finished batch (fingerprints, records, durable
-append) runs beside it, so auditing overlaps with generation instead of sitting between
-batches. A request's answer is released only after its record is committed.
+Batches go to engines (``EngineClient``), one batch per engine at a time: with several
+engines, several batches run at once. As soon as a batch's tokens are out, the engine
+takes the next batch; the audit work of the finished batch (records, durable append)
+runs beside it, so auditing overlaps with generation instead of sitting between
+batches. A request's answer is released only after its record is committed. An engine
+that goes down fails the batch it held (``EngineDownError``: 503); while no engine is
+alive, requests are refused at once rather than held.
 
 One bound, ``queue_limit``, covers all outstanding work: a request counts from ``submit``
 until its record is committed (or it failed), so waiting, in the model, in audit and in
@@ -11,15 +14,14 @@ the ledger queue are all inside it. A queued request whose caller went away (tim
 disconnected) is dropped before it reaches the model.
 
 A streamed request brings a ``TokenFeed``: while its batch generates, each step's new
-token of its row is appended there on the event loop (one ``call_soon_threadsafe`` per
-step for the whole batch; the model thread never waits on a reader). A batch with no
+token of its row is appended there on the event loop (the engine never waits on a
+reader). A batch with no
 streamed request runs ``generate`` with no streamer at all.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import sys
 import time
@@ -33,7 +35,9 @@ from inference_wrapper.audit.generator import (
     AuditedOutput,
     BatchResult,
     PreparedRequest,
+    engine_batch,
 )
+from inference_wrapper.engine.protocol import EngineClient, EngineDownError
 from ledger.errors import LedgerError, WorkerDiedError
 from ledger.vault_errors import ContentNotKeptError
 
@@ -80,6 +84,21 @@ class ShuttingDownError(LedgerError):
 
 class CallerGoneError(LedgerError):
     """The request was dropped before generate: its caller disconnected."""
+
+
+@dataclass(eq=False)
+class Slot:
+    """A place in the one bound, taken before a request writes anything (a stream's
+    start record): a request refused for load is refused before it leaves a trace."""
+
+    batcher: Batcher
+    used: bool = False  # handed to submit, which counts it from there
+
+    def release(self) -> None:
+        """Give the place back unused (the request failed before submit)."""
+        if not self.used:
+            self.used = True
+            self.batcher._release_slot()
 
 
 @dataclass
@@ -140,7 +159,10 @@ class Batcher:
         self._waiting: list[_Job] = []
         self._wakeup = asyncio.Event()
         self._audits: set[asyncio.Task[None]] = set()
-        self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
+        self.engines: list[EngineClient] = list(generator.engines)
+        self._busy: set[str] = set()  # engines holding a batch (one batch per engine)
+        self._engine_freed = asyncio.Event()
+        self._generates: set[asyncio.Task[None]] = set()
         self._audit_thread = ThreadPoolExecutor(1, thread_name_prefix="audit")
         self._runner: asyncio.Task[None] | None = None
         self._accepting = True
@@ -185,20 +207,44 @@ class Batcher:
         waiting, self._waiting = self._waiting, []
         self._finish(waiting, error)
 
-    async def submit(self, request: PreparedRequest,
-                     caller_alive: Callable[[], bool] | None = None,
-                     feed: TokenFeed | None = None) -> Answer:
+    def _admit(self) -> None:
         if self.failure is not None:
             raise WorkerDiedError("batcher")
+        if not any(engine.alive() for engine in self.engines):
+            raise EngineDownError("no engine is serving")
         if not self._accepting:
             raise ShuttingDownError("the service is shutting down")
         if self.outstanding >= self.queue_limit:
             raise QueueFullError(f"too much outstanding work ({self.queue_limit} requests "
                                  "waiting, generating or being recorded)")
-        job = _Job(request, asyncio.get_running_loop().create_future(), time.perf_counter(),
-                   time.time_ns(), caller_alive, feed)
         self.outstanding += 1
         self._idle.clear()
+
+    def reserve(self) -> Slot:
+        """Take a place in the bound now (raises as ``submit`` would); pass it to
+        ``submit`` or ``release`` it."""
+        self._admit()
+        return Slot(self)
+
+    def _release_slot(self) -> None:
+        self.outstanding -= 1
+        if self.outstanding == 0:
+            self._idle.set()
+
+    async def submit(self, request: PreparedRequest,
+                     caller_alive: Callable[[], bool] | None = None,
+                     feed: TokenFeed | None = None, slot: Slot | None = None) -> Answer:
+        if slot is None:
+            self._admit()
+        elif slot.used:
+            raise ValueError("a slot is used once")
+        else:
+            slot.used = True
+            if self.failure is not None or not self._accepting:  # it changed meanwhile
+                self._release_slot()
+                self._admit()  # raises the reason
+        job = _Job(request, asyncio.get_running_loop().create_future(), time.perf_counter(),
+                   time.time_ns(), caller_alive, feed)
         self._waiting.append(job)
         self._wakeup.set()
         try:
@@ -230,11 +276,12 @@ class Batcher:
         if runner is not None and not runner.done():
             runner.cancel()
             await asyncio.wait([runner])
+        if self._generates:
+            await asyncio.wait(list(self._generates), timeout=timeout_s)
         if self._audits:
             await asyncio.wait(list(self._audits), timeout=timeout_s)
         self.fail_all(ShuttingDownError("the service stopped before this request ran"))
         finished = self.outstanding == 0
-        self._model_thread.shutdown(wait=finished, cancel_futures=True)
         self._audit_thread.shutdown(wait=finished, cancel_futures=True)
         if self._restore_switch_interval is not None:
             sys.setswitchinterval(self._restore_switch_interval)
@@ -256,12 +303,29 @@ class Batcher:
         self._waiting = [j for j in self._waiting if id(j) not in chosen]
         return batch
 
+    async def _free_engine(self) -> EngineClient | None:
+        """An idle live engine, waiting while all live ones are busy; None when none is
+        alive (the waiting requests are then answered 503, not held)."""
+        while True:
+            live = [e for e in self.engines if e.alive()]
+            if not live:
+                return None
+            for engine in live:
+                if engine.engine_id not in self._busy:
+                    return engine
+            self._engine_freed.clear()
+            await self._engine_freed.wait()
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             if not self._waiting:
                 self._wakeup.clear()
                 await self._wakeup.wait()
+            engine = await self._free_engine()
+            if engine is None:
+                self.fail_all(EngineDownError("no engine is serving"))
+                continue
             # Let the batch fill while requests keep coming: up to max_wait after the
             # latest arrival, never more than FILL_WINDOWS windows in all, unless full.
             # Callers answered together come back together but not at once; a fixed
@@ -283,23 +347,35 @@ class Batcher:
             for job in batch:
                 self._observe("queue_wait", now - job.enqueued)
             self._observe("batch_size", len(batch))
-            self.in_model += len(batch)
-            requests = [j.request for j in batch]
-            feeds = {row: j.feed for row, j in enumerate(batch) if j.feed is not None}
-            run = (functools.partial(self.generator.run_batch, requests,
-                                     on_step=_stepper(loop, feeds))
-                   if feeds else functools.partial(self.generator.run_batch, requests))
-            try:
-                result = await loop.run_in_executor(self._model_thread, run)
-            except Exception as exc:  # a failed generate fails its batch, not the service
+            self._busy.add(engine.engine_id)
+            task = loop.create_task(self._generate(engine, batch))
+            self._generates.add(task)
+            task.add_done_callback(self._generates.discard)
+
+    async def _generate(self, engine: EngineClient, batch: list[_Job]) -> None:
+        loop = asyncio.get_running_loop()
+        self.in_model += len(batch)
+        requests = [j.request for j in batch]
+        feeds = {row: j.feed for row, j in enumerate(batch) if j.feed is not None}
+        try:
+            environment = engine.environment()  # what the records will name
+            result = await engine.generate(engine_batch(requests),
+                                           _stepper(feeds) if feeds else None)
+        except Exception as exc:  # a failed generate fails its batch, not the service
+            if isinstance(exc, EngineDownError):
+                log.error("engine %s went down holding a batch of %d", engine.engine_id,
+                          len(batch))
+            else:
                 log.exception("generate failed for a batch of %d", len(batch))
-                self._finish(batch, exc)
-                continue
-            finally:
-                self.in_model -= len(batch)
-            task = loop.create_task(self._audit(batch, result))
-            self._audits.add(task)
-            task.add_done_callback(self._audits.discard)
+            self._finish(batch, exc)
+            return
+        finally:
+            self.in_model -= len(batch)
+            self._busy.discard(engine.engine_id)
+            self._engine_freed.set()
+        task = loop.create_task(self._audit(batch, BatchResult(requests, result, environment)))
+        self._audits.add(task)
+        task.add_done_callback(self._audits.discard)
 
     async def _audit(self, batch: list[_Job], result: BatchResult) -> None:
         loop = asyncio.get_running_loop()
@@ -362,21 +438,14 @@ class Batcher:
                 job.future.set_result(outcome)
 
 
-def _stepper(loop: asyncio.AbstractEventLoop,
-             feeds: dict[int, TokenFeed]) -> Callable[[list[int | None]], None]:
-    """The model thread's per-step callback: hands the step's tokens to the event loop."""
+def _stepper(feeds: dict[int, TokenFeed]) -> Callable[[list[int | None]], None]:
+    """The per-step callback (on the event loop): each streamed row's new token."""
 
-    def deliver(tokens: list[int | None]) -> None:  # on the event loop
+    def deliver(tokens: list[int | None]) -> None:
         for row, feed in feeds.items():
             token = tokens[row]
             if token is not None:
                 feed.ids.append(token)
                 feed.changed.set()
 
-    def on_step(tokens: list[int | None]) -> None:  # in the model thread
-        try:
-            loop.call_soon_threadsafe(deliver, tokens)
-        except RuntimeError:  # the loop is closed (shutdown): nobody reads any more
-            pass
-
-    return on_step
+    return deliver

@@ -84,13 +84,13 @@ def replay(record: dict[str, Any], prompt: str, *, model_dir: Path | None = None
                                     stop=tuple(data.get("stop", ())))
     except LedgerError:
         raise
-    result = generator.run_batch([request], min_length=data["batch"]["padded_length"])
+    result = generator.run_batch([request], min_length=data["batch"]["padded_length"]).result
     replayed = token_ids_digest(result.output_ids[0])
     differences = (
-        fingerprint_differences(record["hardware"], generator.hardware.to_dict(), "hardware")
+        fingerprint_differences(record["hardware"], generator.hardware, "hardware")
         + fingerprint_differences(
             {k: v for k, v in record["software"].items() if k != "tokenization_contract"},
-            generator.software.to_dict(), "software")
+            generator.software, "software")
     )
     return ReplayResult(
         reproduced=replayed == data["output_ids_digest"],

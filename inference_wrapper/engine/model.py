@@ -97,3 +97,39 @@ def load_default_model(device: str | None = None) -> LoadedModel:
         manifest=load_manifest(PINNED_MANIFEST),
         device=device,
     )
+
+
+@dataclass
+class ServedModel:
+    """What the API side of an engine process knows of the model: its facts and its
+    tokenizer (admission counts tokens, routes apply the chat template, streams decode).
+    The weights stay in the engine process."""
+
+    name: str
+    directory: Path
+    tokenizer: Any  # transformers PreTrainedTokenizerFast
+    digest: str
+    tokenizer_digest: str
+    pinned: bool
+    model: None = None  # never here: the engine process holds it
+
+
+def load_served_model(directory: Path, *, name: str | None = None,
+                      manifest: dict[str, Any] | None = None) -> ServedModel:
+    """The API side's view of a model directory: the manifest is checked (the engine checks
+    it again when it loads the weights), only the tokenizer is loaded."""
+    from transformers import AutoTokenizer
+
+    directory = Path(directory)
+    if manifest is not None:
+        digest = verify_directory(directory, manifest)
+    else:
+        digest = manifest_digest(build_manifest(directory))
+    return ServedModel(
+        name=name or directory.name,
+        directory=directory,
+        tokenizer=AutoTokenizer.from_pretrained(directory, local_files_only=True),
+        digest=digest,
+        tokenizer_digest=tokenizer_digest(directory),
+        pinned=manifest is not None,
+    )

@@ -8,12 +8,13 @@ checkpoint, the ledger commits what is queued and closes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +24,7 @@ from prometheus_client import Gauge
 
 from inference_wrapper.audit.batcher import Batcher
 from inference_wrapper.audit.generator import AuditedGenerator
+from inference_wrapper.engine.supervised import SupervisedEngine
 from inference_wrapper.server import logging_setup
 from inference_wrapper.server.appkeys import (
     ANCHOR_WORKER,
@@ -30,6 +32,7 @@ from inference_wrapper.server.appkeys import (
     GENERATOR,
     IDEMPOTENCY,
     INTEGRATOR,
+    JOURNAL,
     KEYS,
     LEDGER,
     LIFECYCLE,
@@ -40,8 +43,10 @@ from inference_wrapper.server.appkeys import (
     TRACER,
     VAULT,
 )
+from inference_wrapper.server.console import setup_console
 from inference_wrapper.server.content import vault_context
 from inference_wrapper.server.idempotency import Idempotency
+from inference_wrapper.server.journal import WatchedJournal
 from inference_wrapper.server.metrics import Metrics
 from inference_wrapper.server.problems import Problem, internal_error, problem_for
 from inference_wrapper.server.replica import last_seal
@@ -179,9 +184,16 @@ async def ledger_context(app: web.Application) -> AsyncIterator[None]:
 
 async def receipts_context(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    store = ReceiptStore(app[LEDGER].engine, ttl_s=settings.idempotency_ttl_s)
-    idempotency = Idempotency(store, settings.request_timeout_s)
+    # Answers are stored encrypted under the tenant's KEK: an erasure kills them too.
+    store = ReceiptStore(app[LEDGER].engine, ttl_s=settings.idempotency_ttl_s,
+                         keks=app[VAULT].keks)
+    idempotency = Idempotency(store, settings.request_timeout_s,
+                              settle_timeout_s=settings.shutdown_grace_s)
     app[IDEMPOTENCY] = idempotency
+    try:
+        await idempotency.recover()  # claims of this host's dead processes are freed
+    except Exception:  # the database is away: such claims go stale as before
+        log.warning("could not look for idempotency claims of dead processes")
 
     async def purge() -> None:
         while True:
@@ -271,12 +283,38 @@ async def anchor_context(app: web.Application) -> AsyncIterator[None]:
         log.warning("could not anchor the last checkpoint at shutdown; it stays pending")
 
 
+async def engine_context(app: web.Application) -> AsyncIterator[None]:
+    """Start the engine processes (each loads and verifies its model) before serving;
+    close them once the batcher has drained. In-process engines need neither."""
+    generator = app[GENERATOR]
+    supervised = [e for e in generator.engines if isinstance(e, SupervisedEngine)]
+    try:
+        for engine in supervised:
+            engine.on_environment = functools.partial(_engine_environment, generator)
+            if not engine.alive():
+                await engine.start()
+        yield
+    finally:
+        for engine in supervised:
+            await engine.close()
+
+
+def _engine_environment(generator: AuditedGenerator, environment: Mapping[str, Any]) -> None:
+    """An engine (re)started: refuse another model or contract; its records name the
+    environment it reports from now on."""
+    generator.check_environment(environment)
+    log.info("engine %s environment: %s on %s", environment["engine"],
+             environment["model"]["name"], environment["hardware"].get("accelerator_model")
+             or environment["hardware"].get("cpu_model"))
+
+
 async def batcher_context(app: web.Application) -> AsyncIterator[None]:
     from inference_wrapper.server.content import retain_hook
 
     settings = app[SETTINGS]
     metrics = app[METRICS]
-    batcher = Batcher(app[GENERATOR], app[LEDGER], max_batch=settings.max_batch,
+    journal = app[JOURNAL] = WatchedJournal(app[LEDGER])
+    batcher = Batcher(app[GENERATOR], journal, max_batch=settings.max_batch,
                       max_wait_ms=settings.max_wait_ms, queue_limit=settings.queue_limit,
                       observe=metrics.observe, retain=retain_hook(app[VAULT]),
                       retain_needed=app[VAULT].may_keep_content)
@@ -309,7 +347,7 @@ async def batcher_context(app: web.Application) -> AsyncIterator[None]:
           registry=metrics.registry).set_function(
               lambda: float(logging_setup.ACTIVE.dropped if logging_setup.ACTIVE else 0))
     yield
-    await batcher.drain(timeout_s=settings.request_timeout_s)
+    await batcher.drain(timeout_s=settings.shutdown_grace_s)
 
 
 async def supervisor_context(app: web.Application) -> AsyncIterator[None]:
@@ -345,11 +383,10 @@ def create_app(settings: Settings, generator: AuditedGenerator, *,
     app[METRICS].in_flight.set_function(lambda: float(lifecycle.in_flight))
     app.on_shutdown.append(mark_shutting_down)
     app.cleanup_ctx.extend([ledger_context, vault_context, receipts_context, integrator_context,
-                            anchor_context, witness_context, batcher_context,
+                            anchor_context, witness_context, engine_context, batcher_context,
                             supervisor_context, slo_context])
     app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])
     from inference_wrapper.server.tiles import tile_routes
     app.add_routes(tile_routes())  # the log as C2SP tlog-tiles at /tlog
-    from inference_wrapper.server.console import setup_console
     setup_console(app)  # the auditor's console at /console
     return app

@@ -11,6 +11,7 @@ from aiohttp import web
 from inference_wrapper.audit.batcher import Batcher
 from inference_wrapper.audit.generator import AuditedGenerator
 from inference_wrapper.server.idempotency import Idempotency
+from inference_wrapper.server.journal import WatchedJournal
 from inference_wrapper.server.metrics import Metrics
 from inference_wrapper.server.settings import Settings
 from inference_wrapper.server.supervisor import Lifecycle, Supervisor
@@ -36,7 +37,8 @@ VAULT = web.AppKey("vault", ContentVault)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 SUPERVISOR = web.AppKey("supervisor", Supervisor)
 IDEMPOTENCY = web.AppKey("idempotency", Idempotency)
+JOURNAL = web.AppKey("journal", WatchedJournal)
 
 __all__ = ["ANCHOR_WORKER", "BATCHER", "GENERATOR", "INTEGRATOR", "KEYS", "LEDGER",
            "METRICS", "SETTINGS", "SIGNER", "TRACER", "VAULT",
-           "LIFECYCLE", "SUPERVISOR", "IDEMPOTENCY"]
+           "LIFECYCLE", "SUPERVISOR", "IDEMPOTENCY", "JOURNAL"]

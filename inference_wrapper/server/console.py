@@ -12,26 +12,35 @@ auditor pinned there: the server sends no verdict.
 from __future__ import annotations
 
 import asyncio
-import base64
 import csv
-import hashlib
 import hmac
 import io
 import json
+import math
 import secrets
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from html import escape
-from pathlib import Path
-from string import Template
 from typing import Any
 from urllib.parse import urlencode
 
 from aiohttp import web
 from sqlalchemy import select
 
-from inference_wrapper.server.app import INTEGRATOR, KEYS, LEDGER
+from inference_wrapper.server.appkeys import INTEGRATOR, KEYS, LEDGER, SETTINGS, SIGNER
+from inference_wrapper.server.console_pages import (
+    SECURITY_HEADERS,
+    error_main,
+    evidence_dict,
+    mirror_rows,
+    operator_hosted_notice,
+    page_html,
+    record_main,
+    result_row,
+    shown,
+    static_asset,
+    template,
+)
 from inference_wrapper.server.console_plots import (
     TIMELINE_FIELDS,
     Point,
@@ -43,11 +52,25 @@ from inference_wrapper.server.console_plots import (
     phase_percentiles,
     timeline_svg,
 )
+from inference_wrapper.server.console_sessions import (
+    HSTS,
+    ClientView,
+    Session,
+    SessionCodec,
+    SignInThrottle,
+    client_view,
+    parse_proxies,
+    session_secret,
+)
+from inference_wrapper.server.routes import readable_tenant
+from inference_wrapper.server.validation import MAX_QUERY_INT
+from ledger.client.bundle_stream import bundle_chunks, count_matching
+from ledger.client.database import DatabaseSource
+from ledger.client.sources import RecordNotFoundError, gather
 from ledger.errors import BackendError, InvalidInputError
 from ledger.store.schema import anchors, api_keys, checkpoints
-from ledger.store.sql import QUERY_FILTERS, RecordRow, SqlLedger
+from ledger.store.sql import QUERY_FILTERS, RecordRow, SqlLedger, decode_cursor
 
-ASSETS = Path(__file__).resolve().parent / "console"
 SESSION_COOKIE = "alc_session"
 LOGIN_COOKIE = "alc_login_csrf"
 SESSION_TTL_S = 3600.0
@@ -55,73 +78,43 @@ CONSOLE_ROLES = ("auditor", "admin")
 PAGE_LIMIT_MAX = 500
 CSV_PAGE = 1000
 PLOT_MAX_RECORDS = 50_000
+BUNDLE_MAX_RECORDS = 100_000  # about 150 MB of JSON; larger exports: `audit-ledger export`
 FILTER_LABELS = {"tenant": "tenant", "model_digest": "model digest",
                  "accelerator_model": "accelerator", "driver_version": "driver",
                  "service_revision": "service revision"}
 CSV_COLUMNS = ("leaf_index", "record_id", "created_at", "tenant", "model_name",
                "model_digest", "accelerator", "accelerator_model", "driver_version",
                "torch_version", "service_revision", "checkpoint_size", "anchor_ref")
-SECURITY_HEADERS = {
-    # Only the app's own script and style; the evidence block is data, not script.
-    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
-                               "img-src 'self'; connect-src 'self'; form-action 'self'; "
-                               "frame-ancestors 'none'; base-uri 'none'",
-    "X-Frame-Options": "DENY",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
-STATIC_TYPES = {"verify.js": "text/javascript", "console.css": "text/css"}
 
 
 # --- sessions --------------------------------------------------------------------------
 
 
 @dataclass
-class Session:
-    key_id: str
-    tenant: str
-    role: str
-    csrf: str
-    expires_at: float  # time.time() seconds
+class ConsoleState:
+    """Per app: the session codec (made at first use: its secret needs the log's signer,
+    which exists once the app has started), the sign-in throttle, the trusted proxies."""
+
+    throttle: SignInThrottle
+    proxies: list[Any]
+    configured_secret: str
+    codec: SessionCodec | None = None
 
 
-class SessionStore:
-    """Sessions by the SHA-256 of their cookie token (a leaked table opens nothing)."""
-
-    def __init__(self, ttl_s: float = SESSION_TTL_S, max_sessions: int = 10_000) -> None:
-        self.ttl_s = ttl_s
-        self.max_sessions = max_sessions
-        self._sessions: dict[bytes, Session] = {}
-
-    @staticmethod
-    def _id(token: str) -> bytes:
-        return hashlib.sha256(token.encode()).digest()
-
-    def create(self, key_id: str, tenant: str, role: str) -> tuple[str, Session]:
-        now = time.time()
-        if len(self._sessions) >= self.max_sessions:  # drop expired ones before refusing
-            self._sessions = {k: s for k, s in self._sessions.items() if s.expires_at > now}
-        if len(self._sessions) >= self.max_sessions:
-            oldest = min(self._sessions, key=lambda k: self._sessions[k].expires_at)
-            del self._sessions[oldest]
-        token = secrets.token_urlsafe(32)
-        session = Session(key_id, tenant, role, secrets.token_urlsafe(32), now + self.ttl_s)
-        self._sessions[self._id(token)] = session
-        return token, session
-
-    def get(self, token: str) -> Session | None:
-        session = self._sessions.get(self._id(token))
-        if session is not None and session.expires_at <= time.time():
-            self.drop(token)
-            return None
-        return session
-
-    def drop(self, token: str) -> None:
-        self._sessions.pop(self._id(token), None)
+STATE = web.AppKey("console_state", ConsoleState)
 
 
-SESSIONS = web.AppKey("console_sessions", SessionStore)
+def _codec(request: web.Request) -> SessionCodec:
+    state = request.app[STATE]
+    if state.codec is None:
+        secret = session_secret(state.configured_secret, request.app[SIGNER].sign)
+        state.codec = SessionCodec(secret, SESSION_TTL_S)
+    return state.codec
+
+
+def _client(request: web.Request) -> ClientView:
+    return client_view(request.remote, request.secure, dict(request.headers),
+                       request.app[STATE].proxies)
 
 
 def _key_active(ledger: SqlLedger, key_id: str) -> bool:
@@ -136,11 +129,10 @@ async def current_session(request: web.Request) -> Session | None:
     token = request.cookies.get(SESSION_COOKIE)
     if not token:
         return None
-    session = request.app[SESSIONS].get(token)
+    session = _codec(request).open(token)
     if session is None:
         return None
     if not await asyncio.to_thread(_key_active, request.app[LEDGER], session.key_id):
-        request.app[SESSIONS].drop(token)
         return None
     return session
 
@@ -156,27 +148,19 @@ def _same(given: str | None, expected: str | None) -> bool:
 # --- rendering -------------------------------------------------------------------------
 
 
-def _template(name: str) -> Template:
-    return Template((ASSETS / name).read_text(encoding="utf-8"))
-
-
 def page(title: str, main: str, session: Session | None, status: int = 200) -> web.Response:
     nav = ""
     if session is not None:
-        nav = _template("nav.html").substitute(
-            who=escape(f"{session.role} ({session.tenant})"), csrf=escape(session.csrf))
-    html = _template("layout.html").substitute(title=escape(title), nav=nav, main=main)
-    return web.Response(status=status, text=html, content_type="text/html",
-                        charset="utf-8", headers=SECURITY_HEADERS)
+        nav = template("nav.html").substitute(
+            who=shown(f"{session.role} ({session.scope or 'every tenant'})"),
+            csrf=escape(session.csrf))
+    return web.Response(status=status, text=page_html(title, main, nav),
+                        content_type="text/html", charset="utf-8", headers=SECURITY_HEADERS)
 
 
 def error_page(status: int, title: str, detail: str, session: Session | None,
                field: str | None = None) -> web.Response:
-    field_html = (f' <span class="field">field: <code>{escape(field)}</code></span>'
-                  if field else "")
-    main = (f'<section class="error" data-status="{status}" data-field="{escape(field or "")}">'
-            f"<h1>{escape(title)}</h1><p>{escape(detail)}{field_html}</p></section>")
-    return page(title, main, session, status)
+    return page(title, error_main(status, title, detail, field), session, status)
 
 
 # --- sign in and out -------------------------------------------------------------------
@@ -185,7 +169,7 @@ def error_page(status: int, title: str, detail: str, session: Session | None,
 def _set_cookie(response: web.StreamResponse, request: web.Request, name: str, value: str,
                 max_age: int) -> None:
     response.set_cookie(name, value, max_age=max_age, path="/console", httponly=True,
-                        samesite="Strict", secure=request.secure)
+                        samesite="Strict", secure=_client(request).https)
 
 
 async def login_form(request: web.Request) -> web.Response:
@@ -199,7 +183,7 @@ def _login_page(request: web.Request, message: str | None, status: int) -> web.R
     csrf = secrets.token_urlsafe(32)
     notice = (f'<p class="error" data-status="{status}">{escape(message)}</p>'
               if message else "")
-    main = _template("login.html").substitute(csrf=escape(csrf), notice=notice)
+    main = template("login.html").substitute(csrf=escape(csrf), notice=notice)
     response = page("Sign in", main, None, status)
     _set_cookie(response, request, LOGIN_COOKIE, csrf, 600)
     return response
@@ -210,19 +194,27 @@ async def login(request: web.Request) -> web.Response:
     if not _same(_text(form.get("csrf")), request.cookies.get(LOGIN_COOKIE)):
         return error_page(403, "Forbidden", "the form's CSRF token is missing or does not "
                           "match; reload the sign-in page", None, field="csrf")
+    address = _client(request).address
+    wait = request.app[STATE].throttle.retry_after(address)
+    if wait > 0:
+        response = _login_page(request, "too many failed sign-ins from this address; try "
+                               f"again in {math.ceil(wait)} s", 429)
+        response.headers["Retry-After"] = str(math.ceil(wait))
+        return response
     token = _text(form.get("api_key")).strip()
     if not token:
         return _login_page(request, "an API key is required (field api_key)", 400)
     key = await asyncio.to_thread(request.app[KEYS].authenticate, token)
     if key is None:
+        request.app[STATE].throttle.failed(address)
         return _login_page(request, "the API key is unknown or revoked", 401)
     if key.role not in CONSOLE_ROLES:
         return _login_page(request, f"role {key.role!r} may not use the console; "
                            "sign in with an auditor or admin key", 403)
-    session_token, _ = request.app[SESSIONS].create(key.key_id, key.tenant, key.role)
+    session_token, _ = _codec(request).issue(key.key_id, key.tenant, key.role,
+                                             readable_tenant(key))
     response = web.Response(status=303, headers={"Location": "/console", **SECURITY_HEADERS})
-    _set_cookie(response, request, SESSION_COOKIE, session_token,
-                int(request.app[SESSIONS].ttl_s))
+    _set_cookie(response, request, SESSION_COOKIE, session_token, int(SESSION_TTL_S))
     response.del_cookie(LOGIN_COOKIE, path="/console")
     return response
 
@@ -235,7 +227,6 @@ async def logout(request: web.Request) -> web.Response:
     if not _same(_text(form.get("csrf")), session.csrf):
         return error_page(403, "Forbidden", "the form's CSRF token is missing or wrong",
                           session, field="csrf")
-    request.app[SESSIONS].drop(request.cookies.get(SESSION_COOKIE, ""))
     response = _to_login()
     response.del_cookie(SESSION_COOKIE, path="/console")
     return response
@@ -269,8 +260,23 @@ class BadField(Exception):
         self.field, self.reason = field, reason
 
 
-def parse_search(query: Any) -> Search:
-    """Form fields to a search; an empty field means no filter."""
+class OutOfScope(BadField):
+    """A tenant-scoped session named another tenant (403, field tenant)."""
+
+    def __init__(self, scope: str) -> None:
+        super().__init__("tenant", f"this session reads only tenant {scope!r}")
+
+
+def search_error(exc: BadField | InvalidInputError, session: Session,
+                 title: str = "Bad search") -> web.Response:
+    if isinstance(exc, OutOfScope):
+        return error_page(403, "Forbidden", exc.reason, session, field=exc.field)
+    return error_page(400, title, exc.reason, session, field=exc.field)
+
+
+def parse_search(query: Any, scope: str | None = None) -> Search:
+    """Form fields to a search; an empty field means no filter. A session scoped to one
+    tenant searches that tenant only; naming another is refused (403, as the API does)."""
     def when(name: str) -> datetime | None:
         raw = (query.get(name) or "").strip()
         if not raw:
@@ -285,8 +291,19 @@ def parse_search(query: Any) -> Search:
     if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= PAGE_LIMIT_MAX:
         raise BadField("limit", f"must be a whole number from 1 to {PAGE_LIMIT_MAX}")
     filters = {name: (query.get(name) or "").strip() or None for name in QUERY_FILTERS}
-    return Search(when("since"), when("until"), filters, int(raw_limit),
-                  (query.get("cursor") or "").strip() or None)
+    if scope is not None:
+        if filters["tenant"] not in (None, scope):
+            raise OutOfScope(scope)
+        filters["tenant"] = scope
+    cursor = (query.get("cursor") or "").strip() or None
+    if cursor is not None:
+        try:
+            position = decode_cursor(cursor)
+        except InvalidInputError as exc:
+            raise BadField("cursor", exc.reason) from exc
+        if position > MAX_QUERY_INT:  # a forged cursor must not overflow the SQL integer
+            raise BadField("cursor", "is not a cursor this service issued")
+    return Search(when("since"), when("until"), filters, int(raw_limit), cursor)
 
 
 def _run_query(ledger: SqlLedger, search: Search, limit: int,
@@ -300,42 +317,35 @@ async def search_page(request: web.Request) -> web.Response:
     if session is None:
         return _to_login()
     try:
-        search = parse_search(request.query)
+        search = parse_search(request.query, session.scope)
         rows, next_cursor = await asyncio.to_thread(
             _run_query, request.app[LEDGER], search, search.limit, search.cursor)
-    except BadField as exc:
-        return error_page(400, "Bad search", exc.reason, session, field=exc.field)
-    except InvalidInputError as exc:
-        return error_page(400, "Bad search", exc.reason, session, field=exc.field)
+    except (BadField, InvalidInputError) as exc:
+        return search_error(exc, session)
     inputs = "".join(
         f'<label>{escape(label)} <input name="{name}" '
         f'value="{escape(search.filters[name] or "")}"></label>'
         for name, label in FILTER_LABELS.items())
-    body_rows = "".join(
-        f"<tr><td>{row.leaf_index}</td>"
-        f'<td><a class="record-link" href="/console/records/{escape(row.record_id)}">'
-        f"{escape(row.record_id)}</a></td>"
-        f"<td>{row.created_at:%Y-%m-%d %H:%M:%S} UTC</td><td>{escape(row.tenant)}</td>"
-        f"<td>{escape(str(row.columns.get('model_name') or ''))}</td>"
-        f"<td><code>{escape(_short(row.columns.get('model_digest')))}</code></td>"
-        f"<td>{escape(str(row.columns.get('accelerator_model') or row.columns.get('accelerator') or ''))}</td>"  # noqa: E501
-        f"<td>{escape(str(row.columns.get('driver_version') or ''))}</td>"
-        f"<td>{escape(_short(row.columns.get('service_revision')))}</td></tr>"
-        for row in rows)
+    body_rows = "".join(result_row(mirror_json(row)) for row in rows)
     more = (f'<a id="next-page" href="/console?{escape(search.query_string(cursor=next_cursor))}">'
             "next page</a>" if next_cursor else "")
-    main = _template("search.html").substitute(
+    query = search.query_string()
+    main = template("search.html").substitute(
         since=escape(search.since.isoformat(timespec="minutes") if search.since else ""),
         until=escape(search.until.isoformat(timespec="minutes") if search.until else ""),
         limit=search.limit, inputs=inputs, rows=body_rows, count=len(rows), more=more,
-        csv_href=escape(f"/console/records.csv?{search.query_string()}"),
-        bundle_href=escape(f"/console/records.bundle?{search.query_string()}"))
+        exports=(f'<a id="csv-export" href="{escape("/console/records.csv?" + query)}">'
+                 "export all matching as CSV</a> · "
+                 f'<a id="bundle-export" href="{escape("/console/records.bundle?" + query)}">'
+                 "as an evidence bundle</a>"))
     return page("Records", main, session)
 
 
-def _short(value: object) -> str:
-    text = str(value or "")
-    return text if len(text) <= 23 else text[:23] + "…"
+def mirror_json(row: RecordRow) -> dict[str, Any]:
+    """A mirror row as the API spells it (what the result table renders)."""
+    return {"record_id": row.record_id, "leaf_index": row.leaf_index,
+            "created_at": row.created_at.isoformat() + "Z", "tenant": row.tenant,
+            **row.columns}
 
 
 def _csv_cell(value: object) -> str:
@@ -363,13 +373,11 @@ async def export_csv(request: web.Request) -> web.StreamResponse:
     if session is None:
         return _to_login()
     try:
-        search = parse_search(request.query)
+        search = parse_search(request.query, session.scope)
         rows, cursor = await asyncio.to_thread(_run_query, request.app[LEDGER], search,
                                                CSV_PAGE, None)
-    except BadField as exc:
-        return error_page(400, "Bad search", exc.reason, session, field=exc.field)
-    except InvalidInputError as exc:
-        return error_page(400, "Bad search", exc.reason, session, field=exc.field)
+    except (BadField, InvalidInputError) as exc:
+        return search_error(exc, session)
     response = web.StreamResponse(headers={
         "Content-Type": "text/csv; charset=utf-8",
         "Content-Disposition": 'attachment; filename="audit-records.csv"', **SECURITY_HEADERS})
@@ -383,59 +391,58 @@ async def export_csv(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def export_bundle(request: web.Request) -> web.Response:
-    """The matching records as an offline evidence bundle (``audit-ledger verify --bundle``).
-
-    The bundle names no log key: whoever checks it pins their own."""
-    from ledger.client.exporter import export_from_db
-
+async def export_bundle(request: web.Request) -> web.StreamResponse:
+    """The matching records as an offline evidence bundle (``audit-ledger verify --bundle``),
+    streamed a page at a time (bounded memory); more than ``BUNDLE_MAX_RECORDS`` is
+    refused before anything is written (422: narrow the range, or use ``audit-ledger
+    export``). The bundle names no log key: whoever checks it pins their own."""
     session = await current_session(request)
     if session is None:
         return _to_login()
     try:
-        search = parse_search(request.query)
+        search = parse_search(request.query, session.scope)
     except BadField as exc:
-        return error_page(400, "Bad search", exc.reason, session, field=exc.field)
+        return search_error(exc, session)
     ledger = request.app[LEDGER]
-    await asyncio.to_thread(request.app[INTEGRATOR].seal_now)  # cover the newest records
     filters = {k: v for k, v in search.filters.items() if v is not None}
+    matching = await asyncio.to_thread(count_matching, ledger, search.since, search.until,
+                                       filters)
+    if matching > BUNDLE_MAX_RECORDS:
+        return error_page(422, "Too many records for one bundle",
+                          f"this search matches {matching} records; a bundle from the console "
+                          f"holds at most {BUNDLE_MAX_RECORDS}: narrow the time range, or "
+                          "use `audit-ledger export`", session, field="until")
+    await asyncio.to_thread(request.app[INTEGRATOR].seal_now)  # cover the newest records
+    chunks = bundle_chunks(ledger, search.since, search.until, filters)
     try:
-        bundle = await asyncio.to_thread(export_from_db, ledger.url, search.since,
-                                         search.until, filters)
-    except BackendError as exc:
-        return error_page(503, "Service Unavailable", str(exc), session)
-    return web.Response(text=bundle.dumps(), content_type="application/json", headers={
+        first = await asyncio.to_thread(next, chunks)
+    except BackendError:
+        return error_page(503, "Service Unavailable", "the log has no checkpoint yet; "
+                          "try again in a moment", session)
+    response = web.StreamResponse(headers={
+        "Content-Type": "application/json",
         "Content-Disposition": 'attachment; filename="audit-bundle.json"', **SECURITY_HEADERS})
+    await response.prepare(request)
+    chunk: str | None = first
+    while chunk is not None:
+        await response.write(chunk.encode())
+        chunk = await asyncio.to_thread(next, chunks, None)
+    await response.write_eof()
+    return response
 
 
 # --- the record page -------------------------------------------------------------------
 
 
-def _evidence(request: web.Request, row: RecordRow) -> dict[str, Any]:
-    """What the browser needs to check the record itself (runs in a worker thread)."""
+def _evidence(request: web.Request, record_id: str) -> dict[str, Any]:
+    """What the browser needs to run checks 1-4 (in a worker thread): the same gathering
+    as ``audit-ledger verify --db``, so the page checks what the CLI checks."""
     ledger = request.app[LEDGER]
     latest = ledger.latest_checkpoint()
-    if latest is None or latest.size <= row.leaf_index:
-        request.app[INTEGRATOR].seal_now()
-        latest = ledger.latest_checkpoint()
-    evidence: dict[str, Any] = {
-        "record_id": row.record_id, "leaf_index": row.leaf_index,
-        "canonical_base64": base64.b64encode(row.canonical).decode(),
-        "log_leaf_hash": ledger.leaf_hash(row.leaf_index).hex(),
-        "tree_size": None, "inclusion_proof": [], "checkpoint": None,
-        "anchor_ref": row.anchor_ref,
-    }
-    if latest is not None and latest.size > row.leaf_index:
-        evidence.update(tree_size=latest.size, checkpoint=latest.note.decode(),
-                        inclusion_proof=[h.hex() for h in
-                                         ledger.inclusion_proof(row.leaf_index, latest.size)])
-    return evidence
-
-
-def evidence_script(evidence: dict[str, Any]) -> str:
-    """The evidence as inert JSON inside the page; '<' escaped so no tag can close it."""
-    text = json.dumps(evidence, sort_keys=True).replace("<", "\\u003c")
-    return f'<script type="application/json" id="evidence">{text}</script>'
+    row = ledger.get_record(record_id)
+    if row is not None and (latest is None or latest.size <= row.leaf_index):
+        request.app[INTEGRATOR].seal_now()  # cover the newest records
+    return evidence_dict(gather(DatabaseSource(ledger), record_id, None))
 
 
 async def record_page(request: web.Request) -> web.Response:
@@ -444,30 +451,36 @@ async def record_page(request: web.Request) -> web.Response:
         return _to_login()
     record_id = request.match_info["record_id"]
     row = await asyncio.to_thread(request.app[LEDGER].get_record, record_id)
-    if row is None:
+    # Another tenant's record is not found, as the API answers: not even its existence.
+    if row is None or (session.scope is not None and row.tenant != session.scope):
         return error_page(404, "Not found", f"no record {record_id!r}", session)
-    evidence = await asyncio.to_thread(_evidence, request, row)
-    mirror = "".join(
-        f"<tr><th>{escape(name)}</th><td><code>{escape(str(value))}</code></td></tr>"
-        for name, value in (("leaf index", row.leaf_index),
-                            ("created", f"{row.created_at:%Y-%m-%d %H:%M:%S} UTC"),
-                            ("tenant", row.tenant),
-                            ("first checkpoint size", row.checkpoint_size or "not yet"),
-                            ("anchor", row.anchor_ref or "not anchored yet"),
-                            *((k, v) for k, v in row.columns.items() if v is not None)))
-    main = _template("record.html").substitute(
-        record_id=escape(record_id), mirror=mirror, evidence=evidence_script(evidence))
+    try:
+        evidence = await asyncio.to_thread(_evidence, request, record_id)
+    except RecordNotFoundError:
+        return error_page(404, "Not found", f"no record {record_id!r}", session)
+    except BackendError:
+        return error_page(503, "Service Unavailable", "the record is not yet covered by a "
+                          "checkpoint; reload in a moment", session)
+    mirror = mirror_rows([("leaf index", row.leaf_index),
+                          ("created", f"{row.created_at:%Y-%m-%d %H:%M:%S} UTC"),
+                          ("tenant", row.tenant),
+                          ("first checkpoint size", row.checkpoint_size or "not yet"),
+                          ("anchor", row.anchor_ref or "not anchored yet"),
+                          *((k, v) for k, v in row.columns.items() if v is not None)])
+    main = record_main(record_id, mirror, evidence, operator_hosted_notice())
     return page(f"Record {record_id}", main, session)
 
 
 # --- plots -----------------------------------------------------------------------------
 
 
-def _plot_points(ledger: SqlLedger, since: datetime, until: datetime) -> list[Point]:
+def _plot_points(ledger: SqlLedger, since: datetime, until: datetime,
+                 tenant: str | None) -> list[Point]:
     points: list[Point] = []
     cursor: str | None = None
     while len(points) < PLOT_MAX_RECORDS:
-        rows, cursor = ledger.query(since=since, until=until, limit=5000, cursor=cursor)
+        rows, cursor = ledger.query(since=since, until=until, limit=5000, cursor=cursor,
+                                    tenant=tenant)
         points.extend(Point.from_record(r.created_at, r.columns, json.loads(r.canonical))
                       for r in rows)
         if cursor is None:
@@ -492,12 +505,13 @@ async def plots_page(request: web.Request) -> web.Response:
     if session is None:
         return _to_login()
     try:
-        search = parse_search(request.query)
+        search = parse_search(request.query, session.scope)
     except BadField as exc:
-        return error_page(400, "Bad range", exc.reason, session, field=exc.field)
+        return search_error(exc, session, "Bad range")
     until = search.until or datetime.now(UTC).replace(tzinfo=None) + timedelta(minutes=1)
     since = search.since or until - timedelta(hours=24)
-    points = await asyncio.to_thread(_plot_points, request.app[LEDGER], since, until)
+    points = await asyncio.to_thread(_plot_points, request.app[LEDGER], since, until,
+                                     session.scope)
     lag = await asyncio.to_thread(anchor_lag, request.app[LEDGER], since, until)
     changes = fingerprint_changes(points)
     labels = dict(TIMELINE_FIELDS)
@@ -508,7 +522,7 @@ async def plots_page(request: web.Request) -> web.Response:
         f"<td>{c.records_after}</td></tr>" for c in changes)
     capped = (f"<p>Only the first {PLOT_MAX_RECORDS} records of the range are plotted.</p>"
               if len(points) >= PLOT_MAX_RECORDS else "")
-    main = _template("plots.html").substitute(
+    main = template("plots.html").substitute(
         since=escape(since.isoformat(timespec="minutes")),
         until=escape(until.isoformat(timespec="minutes")), count=len(points), capped=capped,
         rpm=bar_chart_svg(per_minute(points), title="records (requests) per minute"),
@@ -526,11 +540,10 @@ async def plots_page(request: web.Request) -> web.Response:
 
 
 async def static(request: web.Request) -> web.Response:
-    name = request.match_info["name"]
-    if name not in STATIC_TYPES:  # a fixed list: no path ever reaches the file system
+    asset = static_asset(request.match_info["name"])
+    if asset is None:  # a fixed list: no path ever reaches the file system
         return web.Response(status=404, text="not found")
-    return web.Response(body=(ASSETS / "static" / name).read_bytes(),
-                        content_type=STATIC_TYPES[name],
+    return web.Response(body=asset[0], content_type=asset[1],
                         headers={"X-Content-Type-Options": "nosniff",
                                  "Cache-Control": "no-cache"})
 
@@ -549,7 +562,17 @@ def console_routes() -> list[web.RouteDef]:
     ]
 
 
+async def _transport_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """HSTS on the console's answers when the client reached us over HTTPS (directly, or
+    through a configured TLS-terminating proxy)."""
+    if request.path.startswith("/console") and _client(request).https:
+        response.headers["Strict-Transport-Security"] = HSTS
+
+
 def setup_console(app: web.Application) -> None:
     """Register the console on an app built by ``create_app``."""
-    app[SESSIONS] = SessionStore()
+    settings = app[SETTINGS]
+    app[STATE] = ConsoleState(SignInThrottle(), parse_proxies(settings.trusted_proxies),
+                              settings.console_session_secret)
+    app.on_response_prepare.append(_transport_headers)
     app.add_routes(console_routes())

@@ -24,7 +24,7 @@ from aiohttp import web
 from inference_wrapper.audit.generator import AuditedOutput, PreparedRequest
 from inference_wrapper.server.appkeys import LEDGER, SETTINGS, VAULT
 from inference_wrapper.server.problems import Problem, invalid
-from inference_wrapper.server.validation import Field, check_fields, parse_json_body
+from inference_wrapper.server.validation import Field, read_json_body
 from ledger.content_records import check_purpose
 from ledger.error_map import http_status_for
 from ledger.errors import InvalidInputError, LedgerError
@@ -40,6 +40,8 @@ ERASE_FIELDS = {
     "tenant": Field("string", description="the admin's own tenant (default)"),
     "subject": Field("string", description="erase every record tagged with this subject"),
     "record_ids": Field("array", description="or erase these records"),
+    "legal_basis": Field("string", description="required for records inside the minimum "
+                         "retention; recorded in the erasure leaf"),
 }
 POLICY_FIELDS = {
     "mode": Field("string", required=True, only=("commitments", "content")),
@@ -201,9 +203,8 @@ def _own_tenant(key: Any, tenant: Any) -> str:
 async def erase(request: web.Request) -> web.Response:
     """An admin erases its tenant's content by subject or by records (crypto-shredding)."""
     key = _authorize(request, ADMIN_ROLES)
-    if request.content_type != "application/json":
-        raise invalid("Content-Type", "must be application/json", status=415)
-    body = check_fields(parse_json_body(await request.read()), ERASE_FIELDS)
+    body = await read_json_body(request, ERASE_FIELDS,
+                                request.app[SETTINGS].body_read_timeout_s)
     tenant = _own_tenant(key, body.get("tenant"))
     subject, record_ids = body.get("subject"), body.get("record_ids")
     if (subject is None) == (record_ids is None):
@@ -213,11 +214,13 @@ async def erase(request: web.Request) -> web.Response:
         raise invalid("record_ids", "must be a non-empty list of record ids")
     if subject is not None:
         subject = subject_from(body, "subject")
+    legal_basis = body.get("legal_basis")
     try:
         erasure = await asyncio.to_thread(
             lambda: request.app[VAULT].erase(request.app[LEDGER], tenant,
                                              record_ids=record_ids or (), subject=subject,
-                                             requested_by=f"key:{key.key_id}"))
+                                             requested_by=f"key:{key.key_id}",
+                                             legal_basis=legal_basis))
     except LedgerError as exc:
         raise problem_for(exc) from exc
     return web.json_response(erasure.to_dict())
@@ -231,9 +234,8 @@ async def get_policy(request: web.Request) -> web.Response:
 
 async def put_policy(request: web.Request) -> web.Response:
     key = _authorize(request, ADMIN_ROLES)
-    if request.content_type != "application/json":
-        raise invalid("Content-Type", "must be application/json", status=415)
-    body = check_fields(parse_json_body(await request.read()), POLICY_FIELDS)
+    body = await read_json_body(request, POLICY_FIELDS,
+                                request.app[SETTINGS].body_read_timeout_s)
     try:
         policy = await asyncio.to_thread(request.app[VAULT].set_policy, key.tenant,
                                          body["mode"], body.get("days"))

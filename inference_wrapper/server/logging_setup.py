@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import sys
 import threading
 from typing import TextIO
@@ -86,11 +87,39 @@ class QueuedLogging:
         except Exception:  # as StreamHandler.emit would: reported, never raised
             self.output.handleError(record)
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Flush what is buffered, waiting at most ``timeout_s`` for a stalled stream."""
+    def stop(self, timeout_s: float = 5.0, report: TextIO | None = None) -> int:
+        """Flush what is buffered, waiting at most ``timeout_s`` for a stalled stream;
+        return the lines dropped in all (those still buffered then included) and, when
+        any were, say so on ``report`` (stderr: the log stream may be what stalled)."""
         logging.getLogger().removeHandler(self.handler)
         self._stop.set()
         self._thread.join(timeout_s)
+        with self.handler.lock:  # type: ignore[union-attr]  # created by Handler.__init__
+            if self._thread.is_alive():  # still stuck writing: what is buffered is lost
+                self.handler.dropped += len(self.handler.buffer)
+                self.handler.buffer.clear()
+            dropped = self.handler.dropped
+        if dropped:
+            _say(report or sys.stderr, f"{dropped} log lines were dropped because the log "
+                 "output stalled\n")
+        return dropped
+
+
+def _say(stream: TextIO, line: str) -> None:
+    """One line that must not hold the exit: a stream that cannot take it is skipped."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        stream.write(line)  # not a file (a test's buffer): it cannot block
+        return
+    blocking = os.get_blocking(fd)
+    try:
+        os.set_blocking(fd, False)
+        os.write(fd, line.encode())
+    except OSError:  # full or closed: the count is also in audit_log_records_dropped
+        pass
+    finally:
+        os.set_blocking(fd, blocking)
 
 
 def setup_queued_logging(level: int = logging.INFO, stream: TextIO | None = None,

@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from inference_wrapper.audit.batcher import QueueFullError, ShuttingDownError
+from inference_wrapper.engine.protocol import EngineDownError
 from ledger.error_map import http_status_for
 from ledger.errors import BackendError, DuplicateRecordError, InvalidInputError, LedgerError
 
@@ -119,7 +120,7 @@ def invalid(field: str, detail: str, status: int = 422, code: str | None = None)
     return Problem(status, "Invalid request", detail, field=field, code=code)
 
 
-def not_admitted(error: QueueFullError | ShuttingDownError | TimeoutError,
+def not_admitted(error: QueueFullError | ShuttingDownError | EngineDownError | TimeoutError,
                  timeout_detail: str = "") -> Problem:
     """The answer for a generate request the batcher did not take (queue full, shutting
     down) or did not finish in time; ``timeout_detail`` is added to the timeout's text."""
@@ -127,6 +128,9 @@ def not_admitted(error: QueueFullError | ShuttingDownError | TimeoutError,
         return Problem(503, "Service Unavailable", str(error), headers={"Retry-After": "1"})
     if isinstance(error, ShuttingDownError):
         return Problem(503, "Service Unavailable", str(error), headers={"Retry-After": "5"})
+    if isinstance(error, EngineDownError):  # no output was produced, nothing was recorded
+        return Problem(503, "Service Unavailable", "the model engine is down and restarting; "
+                       "no output was produced" + timeout_detail, headers={"Retry-After": "2"})
     return Problem(504, "Gateway Timeout", "generation did not finish in time" + timeout_detail)
 
 

@@ -24,12 +24,14 @@ from inference_wrapper.audit.batcher import (
 from inference_wrapper.audit.generator import PreparedRequest
 from inference_wrapper.engine.contract import ContextLengthError
 from inference_wrapper.engine.params import MAX_SEED, GenerationParams, Limits
+from inference_wrapper.engine.protocol import EngineDownError
 from inference_wrapper.server.appkeys import (
     ANCHOR_WORKER,
     BATCHER,
     GENERATOR,
     IDEMPOTENCY,
     INTEGRATOR,
+    JOURNAL,
     KEYS,
     LEDGER,
     LIFECYCLE,
@@ -38,6 +40,13 @@ from inference_wrapper.server.appkeys import (
     SIGNER,
     SUPERVISOR,
     TRACER,
+)
+from inference_wrapper.server.chat import (
+    MAX_MESSAGES,
+    MESSAGE_SCHEMA,
+    check_messages,
+    special_token_texts,
+    split_control_tokens,
 )
 from inference_wrapper.server.content import (
     ERASE_FIELDS,
@@ -55,10 +64,9 @@ from inference_wrapper.server.streaming import stream_answer
 from inference_wrapper.server.validation import (
     MAX_QUERY_INT,
     Field,
-    check_fields,
     openapi_schema,
-    parse_json_body,
     query_int,
+    read_json_body,
 )
 from ledger.anchor.store import SqlAnchorStore
 from ledger.error_map import http_status_for
@@ -71,6 +79,7 @@ from ledger.witness.cosignatures import cosigned_note
 CLIENT_ROLES = ("client", "admin")
 READER_ROLES = ("client", "auditor", "admin")
 MAX_STOP_SEQUENCES = 4  # as OpenAI allows
+MAX_STOP_CHARS = 1024  # per stop string: OpenAI sets no bound; this one is generous
 MAX_USER_CHARS = 256
 MAX_RECORDS_LIMIT = 10_000
 INLINE_PREPARE_CHARS = 512  # longer prompts are validated and counted in a worker thread
@@ -81,9 +90,15 @@ _TRUNCATE = Field("string", nullable=True, only=("left",),
                   "tokens (recorded as truncated)")
 _SEED = Field("integer", nullable=True, minimum=0, maximum=MAX_SEED,
               description="sampling seed (recorded; the seed used is echoed back)")
-_MESSAGE = {"type": "object", "additionalProperties": False, "required": ["role", "content"],
-            "properties": {"role": {"enum": ["system", "user", "assistant"]},
-                           "content": {"type": "string"}, "name": {"type": "string"}}}
+# Penalties: this server's sampler applies none, so only their no-op value is accepted
+# (and nothing is recorded for it); any other value is refused naming the field.
+_PENALTY = Field("number", nullable=True, minimum=-2, maximum=2, only=(0,),
+                 description="accepted only as 0 (no penalty); other values are refused",
+                 only_reason="this server applies no presence or frequency penalty")
+_STREAM_OPTIONS = {"type": "object", "additionalProperties": False,
+                   "properties": {"include_usage": {"type": "boolean"}}}
+_RESPONSE_FORMAT = {"type": "object", "additionalProperties": False, "required": ["type"],
+                    "properties": {"type": {"const": "text"}}}
 
 
 @functools.lru_cache(maxsize=8)
@@ -124,13 +139,22 @@ def _openai_common(limits: Limits) -> dict[str, Field]:
         "stream": Field("boolean", nullable=True,
                         description="server-sent events; the first chunk leaves only after "
                         "a start record is durable, the final one carries the receipt"),
+        "stream_options": Field("object", nullable=True, items=_STREAM_OPTIONS,
+                                description="with stream: include_usage adds a last chunk "
+                                "with empty choices and the usage"),
         "stop": Field("string-or-array", nullable=True, max_length=MAX_STOP_SEQUENCES,
-                      items={"type": "string", "minLength": 1},
+                      items={"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS},
                       description="the output ends before the first of these sequences "
-                      "(finish_reason stop)"),
-        "user": Field("string", nullable=True, max_length=MAX_USER_CHARS,
+                      f"(finish_reason stop); at most {MAX_STOP_SEQUENCES}, each 1 to "
+                      f"{MAX_STOP_CHARS} characters"),
+        "user": Field("string", nullable=True, min_length=1, max_length=MAX_USER_CHARS,
                       description="the end user; recorded only as a salted commitment, "
                       "its salt returned in audit.user_salt"),
+        "presence_penalty": _PENALTY,
+        "frequency_penalty": _PENALTY,
+        "response_format": Field("object", nullable=True, items=_RESPONSE_FORMAT,
+                                 description="only {\"type\": \"text\"}: this server "
+                                 "does not constrain output to JSON"),
         "truncate": _TRUNCATE,
     }
 
@@ -144,8 +168,8 @@ def completion_fields(limits: Limits) -> dict[str, Field]:
 
 @functools.lru_cache(maxsize=8)
 def chat_fields(limits: Limits) -> dict[str, Field]:
-    return {"messages": Field("array", required=True, min_length=1, max_length=256,
-                              items=_MESSAGE),
+    return {"messages": Field("array", required=True, min_length=1, max_length=MAX_MESSAGES,
+                              items=MESSAGE_SCHEMA),
             "max_completion_tokens": Field(
                 "integer", nullable=True, minimum=1, maximum=limits.max_new_tokens,
                 description="supersedes max_tokens when both are given"),
@@ -188,9 +212,7 @@ def readable_tenant(key: ApiKey) -> str | None:
 
 
 async def read_body(request: web.Request, spec: dict[str, Field]) -> dict[str, Any]:
-    if request.content_type != "application/json":
-        raise invalid("Content-Type", "must be application/json", status=415)
-    return check_fields(parse_json_body(await request.read()), spec)
+    return await read_json_body(request, spec, request.app[SETTINGS].body_read_timeout_s)
 
 
 def receipt_json(answer: Answer) -> dict[str, Any]:
@@ -295,7 +317,7 @@ async def generate_audited(request: web.Request, key: ApiKey, prompt: str,
         async with asyncio.timeout(request.app[SETTINGS].request_timeout_s):  # no extra task
             rendered = await work()
         return web.json_response(rendered[0], headers=rendered[1])
-    except (QueueFullError, ShuttingDownError, TimeoutError) as exc:
+    except (QueueFullError, ShuttingDownError, EngineDownError, TimeoutError) as exc:
         raise not_admitted(exc) from exc
     except CallerGoneError as exc:  # nobody reads this answer; it keeps the log clean
         raise Problem(503, "Service Unavailable", "the request was dropped before it ran: "
@@ -361,9 +383,28 @@ def _stops(body: dict[str, Any]) -> tuple[str, ...]:
         where = "stop" if isinstance(stop, str) else f"stop[{i}]"
         if not isinstance(item, str):
             raise invalid(where, "must be a string")
-        if not item:
-            raise invalid(where, "must not be empty")
+        if not 1 <= len(item) <= MAX_STOP_CHARS:
+            raise invalid(where, f"must have 1 to {MAX_STOP_CHARS} characters, has "
+                          f"{len(item)}")
     return tuple(stops)
+
+
+def _openai_options(body: dict[str, Any]) -> bool:
+    """Check the OpenAI members that only shape the answer; True when a stream should
+    end with a usage chunk (stream_options.include_usage)."""
+    options = body.get("stream_options")
+    if options is not None:
+        if not body.get("stream"):
+            raise invalid("stream_options", "is allowed only with stream: true")
+        for name, value in options.items():
+            if name != "include_usage":
+                raise invalid(f"stream_options.{name}", f"unknown member {name!r}")
+            if not isinstance(value, bool):
+                raise invalid("stream_options.include_usage", "must be a boolean")
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise invalid("response_format", "this server supports only {\"type\": \"text\"}")
+    return bool(options and options.get("include_usage"))
 
 
 def _ask(body: dict[str, Any], field: str, subject_field: str) -> Ask:
@@ -404,10 +445,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
     model = _check_model(request, body)
     params = _params(request, body, "max_tokens", GenerationParams(16, 1.0, 1.0))
     ask = _ask(body, "prompt", "user")
+    include_usage = _openai_options(body)
     if body.get("stream"):
         _refuse_idempotency_key_on_streams(request)
         prepared = await prepare_audited(request, key, body["prompt"], params, started, ask)
-        return await stream_answer(request, prepared, model, "text_completion")
+        return await stream_answer(request, prepared, model, "text_completion",
+                                   include_usage=include_usage)
 
     def render(answer: Answer) -> Rendered:
         return _openai_response(request, answer, model, "text_completion", {
@@ -423,12 +466,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     key = authorize(request, CLIENT_ROLES)
     body = await read_body(request, chat_fields(request.app[GENERATOR].limits))
     model = _check_model(request, body)
-    messages = _check_messages(body["messages"])
+    include_usage = _openai_options(body)
+    tokenizer = request.app[GENERATOR].loaded.tokenizer
+    specials = special_token_texts(tokenizer)
+    messages = [{"role": m["role"], "content": split_control_tokens(m["content"], specials)}
+                for m in check_messages(body["messages"])]
     # OpenAI: max_completion_tokens supersedes the deprecated max_tokens, 0 included.
     tokens_field = ("max_completion_tokens" if body.get("max_completion_tokens") is not None
                     else "max_tokens")
     params = _params(request, body, tokens_field, GenerationParams(64, 1.0, 1.0))
-    tokenizer = request.app[GENERATOR].loaded.tokenizer
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ask = _ask(body, "messages", "user")
     if ask.truncate and any(m["role"] == "system" for m in messages):
@@ -444,7 +490,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if body.get("stream"):
         _refuse_idempotency_key_on_streams(request)
         prepared = await prepare_audited(request, key, prompt, params, started, ask)
-        return await stream_answer(request, prepared, model, "chat.completion")
+        return await stream_answer(request, prepared, model, "chat.completion",
+                                   include_usage=include_usage)
 
     def render(answer: Answer) -> Rendered:
         return _openai_response(request, answer, model, "chat.completion", {
@@ -453,22 +500,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         }), receipt_headers(answer)
 
     return await generate_audited(request, key, prompt, params, started, render, body, ask)
-
-
-def _check_messages(messages: list[Any]) -> list[dict[str, str]]:
-    checked = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict) or set(message) - {"role", "content", "name"}:
-            raise invalid(where, "must be an object with role and content")
-        if message.get("role") not in ("system", "user", "assistant"):
-            raise invalid(f"{where}.role", "must be system, user or assistant")
-        if not isinstance(message.get("content"), str):
-            raise invalid(f"{where}.content", "must be a string")
-        if "name" in message and not isinstance(message["name"], str):
-            raise invalid(f"{where}.name", "must be a string")
-        checked.append({"role": message["role"], "content": message["content"]})
-    return checked
 
 
 def _openai_response(
@@ -657,7 +688,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readiness_checks(app: web.Application) -> dict[str, bool]:
     """The named readiness checks (/readyz, and the SLO sampler's availability history)."""
-    checks = {"model_loaded": app[GENERATOR].loaded.model is not None}
+    checks = {"engine_serving": any(e.alive() for e in app[GENERATOR].engines)}
     status = app[ANCHOR_WORKER].current()
     checks["anchoring_within_slo"] = (not status.slo_breached
                                       or app[ANCHOR_WORKER].policy == "keep-serving")
@@ -666,6 +697,8 @@ async def readiness_checks(app: web.Application) -> dict[str, bool]:
         checks["ledger_reachable"] = True
     except Exception:  # any failure to read the tree head means not ready
         checks["ledger_reachable"] = False
+    # Reading is not enough: a full disk or a read-only file fails every append.
+    checks["ledger_appending"] = JOURNAL not in app or app[JOURNAL].appending()
     # A misconfigured anchor (unknown channel or chaincode) is named here, not only logged.
     checks["anchor_configured"] = app[ANCHOR_WORKER].config_error is None
     checks.update(app[SUPERVISOR].status())
@@ -857,9 +890,16 @@ def openapi_document(limits: Limits | None = None, model: str | None = None
         else:
             error = {"description": "problem details",
                      "content": {"application/problem+json": {"schema": PROBLEM_SCHEMA}}}
+        success: dict[str, Any]
         if route.response is not None:
             success = {"description": "success",
                        "content": {"application/json": {"schema": route.response}}}
+            if route.openai and route.body is not None:  # stream: true
+                success["content"]["text/event-stream"] = {"schema": {
+                    "type": "object", "required": ["data"],
+                    "properties": {"data": {"type": "string"}},
+                    "description": "each server-sent event: a JSON chunk on its data "
+                    "line (the last chunk carries the receipt), then [DONE]"}}
         else:
             success = {"description": "Prometheus text exposition",
                        "content": {"text/plain": {"schema": {"type": "string"}}}}

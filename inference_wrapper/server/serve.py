@@ -21,7 +21,7 @@ import signal
 
 from aiohttp import web
 
-from inference_wrapper.server.appkeys import LIFECYCLE
+from inference_wrapper.server.appkeys import LIFECYCLE, SETTINGS
 
 log = logging.getLogger("audit_ledger.serve")
 
@@ -29,6 +29,13 @@ log = logging.getLogger("audit_ledger.serve")
 # answered: aiohttp waits this long for each before cancelling it.
 STRAGGLER_GRACE_S = 5.0
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def make_runner(app: web.Application) -> web.AppRunner:
+    # aiohttp's keep-alive timer also runs from the moment a connection opens and closes
+    # it while no whole request head has arrived: the header read timeout.
+    return web.AppRunner(app, access_log=None, shutdown_timeout=STRAGGLER_GRACE_S,
+                         keepalive_timeout=app[SETTINGS].header_read_timeout_s)
 
 
 async def serve(app: web.Application, host: str, port: int, *, drain_timeout_s: float) -> None:
@@ -49,7 +56,7 @@ async def serve(app: web.Application, host: str, port: int, *, drain_timeout_s: 
 
     for sig in SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=STRAGGLER_GRACE_S)
+    runner = make_runner(app)
     try:
         await runner.setup()  # the cleanup contexts start here (a signal meanwhile waits)
         try:

@@ -43,6 +43,14 @@ class Settings:
     # queued for the ledger, together. Beyond it: 503 with Retry-After.
     queue_limit: int = 256
     request_timeout_s: float = 120.0
+    # A connection that has not sent a whole request head within this many seconds (also
+    # an idle keep-alive connection) is closed; a body not received within
+    # body_read_timeout_s is answered 408. Stalled uploads then hold nothing for long.
+    header_read_timeout_s: float = 15.0
+    body_read_timeout_s: float = 30.0
+    # SIGTERM: requests in flight get this long to finish before the listener closes;
+    # the queue drain, the last seal and the stores' close follow, each bounded too.
+    shutdown_grace_s: float = 30.0
     # API keys are kept in memory and reloaded this often: a key revoked (or created) by
     # another process takes effect within this many seconds.
     api_key_cache_ttl_s: float = 5.0
@@ -55,6 +63,10 @@ class Settings:
     max_body_bytes: int = 64 * 1024
     checkpoint_interval_s: float = 1.0
     otel_exporter: str = "none"  # "none" or "console"
+    # Console sessions: HMAC secret shared by every replica (empty: derived from the log's
+    # signing key); proxies whose X-Forwarded-For/-Proto are believed (addresses or CIDRs).
+    console_session_secret: str = field(default="", repr=False)
+    trusted_proxies: str = ""
     anchor_interval_s: float = 1.0
     anchor_lag_slo_s: float = 10.0  # also the anchoring-lag SLO (README "SLOs")
     anchor_slo_policy: str = "keep-serving"  # or "fail-closed"

@@ -18,7 +18,6 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from aiohttp import web
 from prometheus_client.core import GaugeMetricFamily
@@ -276,14 +275,3 @@ async def slo_context(app: web.Application) -> AsyncIterator[None]:
         await asyncio.to_thread(history.close, _now())
     except Exception:
         log.warning("could not record the clean stop in the readiness history")
-
-
-def spans_between(engine: Engine, since: datetime, until: datetime) -> list[slo.ReadinessSpan]:
-    """Every replica's spans overlapping ``[since, until)`` (the report reads these)."""
-    with engine.connect() as conn:
-        rows: list[Any] = list(conn.execute(
-            select(readiness_history).where(readiness_history.c.ended_at >= since,
-                                            readiness_history.c.started_at < until)
-            .order_by(readiness_history.c.started_at)))
-    return [slo.ReadinessSpan(r.replica, bool(r.ready), r.started_at, r.ended_at,
-                              bool(r.clean_stop)) for r in rows]

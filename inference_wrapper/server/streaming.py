@@ -27,8 +27,10 @@ from typing import Any
 from aiohttp import web
 
 from inference_wrapper.audit.batcher import Answer, QueueFullError, ShuttingDownError, TokenFeed
-from inference_wrapper.audit.generator import PreparedRequest, streamable_text
-from inference_wrapper.server.appkeys import BATCHER, GENERATOR, LEDGER, SETTINGS
+from inference_wrapper.audit.generator import PreparedRequest
+from inference_wrapper.engine.generate import streamable_text
+from inference_wrapper.engine.protocol import EngineDownError
+from inference_wrapper.server.appkeys import BATCHER, GENERATOR, JOURNAL, SETTINGS
 from inference_wrapper.server.problems import CommittedProblem, Problem, not_admitted
 from ledger.error_map import http_status_for
 from ledger.errors import BackendError
@@ -40,8 +42,10 @@ log = logging.getLogger(__name__)
 class _Sse:
     """One stream's chunks; the response (headers) is prepared with the first write."""
 
-    def __init__(self, request: web.Request, kind: str, model: str, start_id: str) -> None:
+    def __init__(self, request: web.Request, kind: str, model: str, start_id: str,
+                 include_usage: bool = False) -> None:
         self.request = request
+        self.include_usage = include_usage
         self.chat = kind == "chat.completion"
         self.chunk_id = f"{'chatcmpl' if self.chat else 'cmpl'}-{start_id}"
         self.object_name = "chat.completion.chunk" if self.chat else "text_completion"
@@ -102,10 +106,15 @@ class _Sse:
         else:
             choice["text"] = ""
         prompt_tokens, completion_tokens = data["input_token_count"], data["output_token_count"]
-        await self._write(self._chunk(choice, usage={
-            "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens},
-            audit=stream_receipt(answer, self.start_id, start_index)))
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens}
+        await self._write(self._chunk(choice, usage=usage,
+                                      audit=stream_receipt(answer, self.start_id, start_index)))
+        if self.include_usage:  # OpenAI's stream_options.include_usage: choices empty
+            payload = {"id": self.chunk_id, "object": self.object_name,
+                       "created": self.created, "model": self.model, "choices": [],
+                       "usage": usage}
+            await self._write(f"data: {json.dumps(payload)}\n\n".encode())
         await self._write(b"data: [DONE]\n\n")
         await self.close()
 
@@ -125,25 +134,34 @@ class _Sse:
 
 
 async def stream_answer(request: web.Request, prepared: PreparedRequest, model: str,
-                        kind: str) -> web.StreamResponse:
+                        kind: str, *, include_usage: bool = False) -> web.StreamResponse:
     """Commit the start record, stream the text as it is generated, commit the record,
     then send the final chunk with the receipt."""
     app = request.app
-    generator, ledger, batcher = app[GENERATOR], app[LEDGER], app[BATCHER]
+    generator, journal, batcher = app[GENERATOR], app[JOURNAL], app[BATCHER]
+    try:  # admitted before its start record: a refused stream leaves nothing in the log
+        slot = batcher.reserve()
+    except (QueueFullError, ShuttingDownError) as exc:
+        raise not_admitted(exc) from exc
     start = generator.stream_start(prepared, request.path)
     try:
-        started = await ledger.append_async(start)
+        started = await journal.append_async(start)
     except BackendError as exc:  # nothing is in the log; its text may hold SQL: not sent
+        slot.release()
         raise Problem(503, "Service Unavailable", "the audit record could not be committed, "
                       "so no output is returned", headers={"Retry-After": "1"}) from exc
+    except BaseException:
+        slot.release()
+        raise
     # The start record is durable: text may leave from here on. Errors from here on leave
     # it in the log, and each says what else is there.
     feed = TokenFeed()
     pending = asyncio.ensure_future(asyncio.wait_for(
-        batcher.submit(replace(prepared, stream_start_id=start.record_id), feed=feed),
+        batcher.submit(replace(prepared, stream_start_id=start.record_id), feed=feed,
+                       slot=slot),
         app[SETTINGS].request_timeout_s))
     pending.add_done_callback(_retrieved)
-    sse = _Sse(request, kind, model, start.record_id)
+    sse = _Sse(request, kind, model, start.record_id, include_usage)
     tokenizer = generator.loaded.tokenizer
     sent, stopped = "", False
     try:
@@ -199,7 +217,7 @@ def _retrieved(task: asyncio.Future[Answer]) -> None:
 def failure(error: BaseException, start_id: str, *, streaming: bool) -> Problem:
     """What to answer (or, once text was sent, what the error line says) when the
     request fails after its start record committed."""
-    if isinstance(error, QueueFullError | ShuttingDownError | TimeoutError):
+    if isinstance(error, QueueFullError | ShuttingDownError | EngineDownError | TimeoutError):
         return not_admitted(error, f" (stream start record {start_id}; the completed record "
                             "may still be committed)" if streaming else "")
     if isinstance(error, ContentNotKeptError):  # before BackendError: its record did commit

@@ -3,11 +3,16 @@ and query integers parsed as ASCII decimals with bounds."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from inference_wrapper.server.problems import Problem, invalid
 
@@ -39,7 +44,9 @@ class Field:
     exclusive_minimum: float | None = None
     min_length: int | None = None
     max_length: int | None = None
-    items: dict[str, Any] | None = None  # JSON Schema of an array's items (documented)
+    # JSON Schema of an array's items, of an object field itself (documented; the route
+    # checks the members)
+    items: dict[str, Any] | None = None
     only_reason: str = ""  # why other values are refused, for the error message
 
 
@@ -115,7 +122,69 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         raise invalid("body", "JSON nests too deeply", status=400) from exc
     if not isinstance(value, dict):
         raise invalid("body", "request body must be a JSON object", status=400)
+    if _SURROGATE_ESCAPE.search(text):  # only an escape can make a lone surrogate
+        check_encodable(value, "")
     return value
+
+
+# A \uD800-\uDFFF escape: a lone one survives json.loads as a lone surrogate, which
+# neither UTF-8 nor the records' canonical JSON can encode.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+def check_encodable(value: Any, path: str) -> None:
+    """Refuse a string (a value or a key, at any depth) that is not valid Unicode, naming
+    its field (``messages[0].name``): such a string would fail later, in the record of a
+    whole batch, or in the idempotency fingerprint."""
+    if isinstance(value, str):
+        _encodable(value, path or "body")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            shown = key.encode("utf-8", "backslashreplace").decode("utf-8")
+            where = f"{path}.{shown}" if path else shown
+            _encodable(key, where)
+            check_encodable(item, where)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_encodable(item, f"{path}[{i}]")
+
+
+def _encodable(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise invalid(where, f"holds a lone surrogate (\\u{ord(text[exc.start]):04x} at "
+                      f"character {exc.start}), which is not valid Unicode") from exc
+
+
+# What aiohttp decodes; anything else would reach the JSON parser still compressed.
+CONTENT_ENCODINGS = ("identity", "gzip", "deflate")
+
+
+async def read_json_body(request: web.Request, spec: dict[str, Field],
+                         timeout_s: float) -> dict[str, Any]:
+    """The checked JSON body: 415 for another media type or an unknown Content-Encoding,
+    400 for a body that does not decompress, 408 for a body not received within
+    ``timeout_s`` (a stalled upload must not hold a request slot or the shutdown)."""
+    if request.content_type != "application/json":
+        raise invalid("Content-Type", "must be application/json", status=415)
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in CONTENT_ENCODINGS:
+        raise invalid("Content-Encoding", "must be one of " + ", ".join(CONTENT_ENCODINGS),
+                      status=415)
+    try:
+        async with asyncio.timeout(timeout_s):
+            raw = await request.read()
+    except TimeoutError:
+        raise Problem(408, "Request Timeout", f"the request body was not received within "
+                      f"{timeout_s:g} s", field="body",
+                      headers={"Connection": "close"}) from None
+    except (HttpProcessingError, RequestPayloadError) as exc:  # a body that does not decode
+        field = "Content-Encoding" if encoding != "identity" else "body"
+        # The connection's byte stream is in an unknown state: it is not reused.
+        raise Problem(400, "Invalid request", f"the body could not be read as {encoding} "
+                      "data", field=field, headers={"Connection": "close"}) from exc
+    return check_fields(parse_json_body(raw), spec)
 
 
 def _coerce(name: str, field: Field, value: Any) -> Any:
@@ -140,6 +209,8 @@ def _check_bounds(name: str, field: Field, value: Any) -> None:
         if (low is not None and value < low) or (high is not None and value > high):
             raise invalid(name, f"must be between {_show(low)} and {_show(high)}, "
                           f"got {value}")
+    if isinstance(value, str) and field.kind == "string-or-array":
+        return  # the bounds count the array's items; a lone string is checked as an item
     if isinstance(value, (str, list)):
         size, unit = len(value), "characters" if isinstance(value, str) else "items"
         if field.min_length is not None and size < field.min_length:
@@ -195,8 +266,10 @@ def _json_type(value: Any) -> str:
 def field_schema(field: Field) -> dict[str, Any]:
     """The JSON Schema of one field, from the same spec the server checks with."""
     if field.kind == "string-or-array":
+        item = field.items or {}
         variants: list[dict[str, Any]] = [
-            {"type": "string"},
+            {"type": "string", **{k: v for k, v in item.items()
+                                  if k in ("minLength", "maxLength")}},
             {"type": "array", "items": field.items or {},
              **({"maxItems": field.max_length} if field.max_length is not None else {})}]
         if field.nullable:
@@ -206,6 +279,8 @@ def field_schema(field: Field) -> dict[str, Any]:
         prop = {"type": [field.kind, "null"] if field.nullable else field.kind}
         if field.kind == "array":
             prop["items"] = field.items or {}
+        elif field.kind == "object" and field.items:  # an object field's own schema
+            prop.update({k: v for k, v in field.items.items() if k != "type"})
         if field.minimum is not None:
             prop["minimum"] = field.minimum
         if field.maximum is not None:
@@ -250,5 +325,5 @@ def query_int(raw: str | None, name: str, *, default: int | None = None, low: in
     return value
 
 
-__all__ = ["Field", "Problem", "check_fields", "field_schema", "openapi_schema",
+__all__ = ["Field", "Problem", "check_fields", "read_json_body", "field_schema", "openapi_schema",
            "parse_json_body", "query_int"]

@@ -8,7 +8,6 @@ the leaves read and the tiles around them.
 from __future__ import annotations
 
 import urllib.error
-import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
@@ -17,6 +16,7 @@ from typing import Protocol
 
 from ledger import tiles
 from ledger.checkpoint import Checkpoint
+from ledger.client import safe_http
 from ledger.errors import BackendUnavailableError, MalformedProofError
 from ledger.tiles import TileNodes, TileRef
 from ledger.window import MAX_LAG, WindowAnswer, WindowError, after_window, before_window
@@ -41,10 +41,8 @@ class HttpTiles:
         self.received = 0  # bytes received, for the caller's accounting
 
     def get(self, path: str) -> bytes | None:
-        request = urllib.request.Request(self.prefix + path, headers=self.headers)
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
-                data = bytes(answer.read())
+        try:  # redirects stay on the prefix's origin (the key never leaves it), capped
+            data = safe_http.get(self.prefix + path, self.headers, self.timeout_s)
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None

@@ -9,19 +9,33 @@ purged; this table is never part of the log or the mirror.
 Each claim carries an owner token. Completing and releasing are compare-and-set on it: a
 request whose stale claim was taken over by another one finds, when it finishes late,
 that it no longer owns the key, and changes nothing.
+
+With a key store (``keks``) a stored answer is encrypted under a fresh key wrapped by
+the tenant's current KEK, and names its records in the clear (``record_ids``). An
+erasure replaces the answers naming erased records with a 410 problem and destroys the
+KEK, so no copy of the old answer (a WAL frame, a backup) opens again; an answer stored
+while an erasure runs is ordered by the tenant lock and stored as that 410 if its record
+was erased meanwhile.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, delete, insert, select, update
-from sqlalchemy.exc import IntegrityError
+from cryptography.exceptions import InvalidTag
+from sqlalchemy import Connection, Engine, delete, insert, select, update
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from ledger.store.schema import receipts
+from ledger.errors import LedgerError
+from ledger.store.schema import receipts, vault_content
+from ledger.store.tenant_lock import lock_tenant
+from ledger.vault_crypto import KeyEncryptionKeys, open_receipt, seal_receipt
+
+RECORD_ID_KEYS = ("record_id", "stream_start_record_id", "x-audit-record-id")
 
 
 @dataclass(frozen=True)
@@ -37,10 +51,56 @@ def _now() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
+def record_ids_in(response: Any) -> list[str]:
+    """Every record id an answer names (its body, headers or stored problem)."""
+    found: dict[str, None] = {}
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for name, item in value.items():
+                if isinstance(item, str) and str(name).lower() in RECORD_ID_KEYS:
+                    found[item] = None
+                else:
+                    walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(response)
+    return list(found)
+
+
+def erased_answer(record_id: str, erased_at: datetime | None,
+                  erasure_record_id: str | None) -> dict[str, Any]:
+    """The stored answer of a key whose record was erased: a 410 that still names the
+    record (the key stays bound to it; a retry never generates a second one)."""
+    when = erased_at.isoformat(timespec="milliseconds") + "Z" if erased_at else "-"
+    return {"problem": {
+        "status": 410, "title": "Gone", "record_id": record_id, "headers": {},
+        "code": "content_erased", "stream_start_record_id": None,
+        "detail": f"the answer of record {record_id} was erased at {when} under erasure "
+                  f"record {erasure_record_id}"}}
+
+
+def names_any(record_ids: Iterable[str]) -> Any:
+    """Receipts whose ``record_ids`` (comma-joined) name one of these records."""
+    from sqlalchemy import or_
+
+    clauses = []
+    for record_id in record_ids:
+        clauses.append(("," + receipts.c.record_ids + ",").contains(f",{record_id},",
+                                                                  autoescape=True))
+        # Answers stored before migration 0011 are plaintext JSON.
+        clauses.append(receipts.c.response.contains(record_id, autoescape=True))
+    return or_(*clauses)
+
+
 class ReceiptStore:
-    def __init__(self, engine: Engine, ttl_s: float = 24 * 3600.0) -> None:
+    def __init__(self, engine: Engine, ttl_s: float = 24 * 3600.0,
+                 keks: KeyEncryptionKeys | None = None) -> None:
         self.engine = engine
         self.ttl = timedelta(seconds=ttl_s)
+        self.keks = keks
 
     def claim(self, tenant: str, key: str, fingerprint: bytes, stale_after_s: float,
               owner: str) -> StoredReceipt | None:
@@ -52,7 +112,9 @@ class ReceiptStore:
         """
         now = _now()
         values = {"fingerprint": fingerprint, "state": "pending", "response": None,
-                  "created_at": now, "expires_at": now + self.ttl, "owner": owner}
+                  "response_ct": None, "wrapped_key": None, "kek_id": None,
+                  "record_ids": None, "created_at": now, "expires_at": now + self.ttl,
+                  "owner": owner}
         try:
             with self.engine.begin() as conn:
                 conn.execute(insert(receipts).values(tenant=tenant, idempotency_key=key,
@@ -74,6 +136,10 @@ class ReceiptStore:
         found = self.get(tenant, key)
         if found is None:  # purged between the two statements: try once more
             return self.claim(tenant, key, fingerprint, stale_after_s, owner)
+        if found.owner == owner and found.state == "pending":
+            # A retried claim whose first INSERT committed though its answer was lost
+            # (the connection dropped at the commit): the claim is already ours.
+            return None
         return found
 
     def get(self, tenant: str, key: str) -> StoredReceipt | None:
@@ -82,19 +148,69 @@ class ReceiptStore:
                 receipts.c.tenant == tenant, receipts.c.idempotency_key == key)).first()
         if row is None:
             return None
-        return StoredReceipt(bytes(row.fingerprint), row.state,
-                             json.loads(row.response) if row.response else None,
+        return StoredReceipt(bytes(row.fingerprint), row.state, self._answer(row),
                              row.created_at, row.owner)
+
+    def _answer(self, row: Any) -> dict[str, Any] | None:
+        if row.response_ct is not None and self.keks is not None:
+            try:
+                plain = open_receipt(self.keks, row.tenant, row.idempotency_key,
+                                     str(row.kek_id), bytes(row.wrapped_key),
+                                     bytes(row.response_ct))
+            except (InvalidTag, LedgerError):
+                # Its KEK was destroyed by an erasure that raced the read of this row.
+                ids = (row.record_ids or "").split(",")
+                return erased_answer(ids[0] if ids[0] else "-", None, None)
+            answer: dict[str, Any] = json.loads(plain)
+            return answer
+        return json.loads(row.response) if row.response else None
 
     def complete(self, tenant: str, key: str, owner: str, response: dict[str, Any]) -> bool:
         """Store the answer of a key ``owner`` still holds pending (its record is
         committed). False, and nothing changed, if the claim is no longer ``owner``'s."""
+        record_ids = record_ids_in(response)
         with self.engine.begin() as conn:
-            done = conn.execute(update(receipts).where(
+            lock_tenant(conn, tenant, exclusive=False)
+            # On SQLite this first write takes the write lock: no erasure runs until the
+            # answer is stored, and the check below sees every erasure committed before.
+            mine = conn.execute(update(receipts).where(
                 receipts.c.tenant == tenant, receipts.c.idempotency_key == key,
                 receipts.c.owner == owner, receipts.c.state == "pending")
-                .values(state="done", response=json.dumps(response))).rowcount
-        return bool(done)
+                .values(record_ids=",".join(record_ids) or None)).rowcount
+            if not mine:
+                return False
+            answer = self._erased(conn, tenant, record_ids) or response
+            conn.execute(update(receipts).where(
+                receipts.c.tenant == tenant, receipts.c.idempotency_key == key)
+                .values(state="done", **self._sealed(tenant, key, answer)))
+        return True
+
+    def _erased(self, conn: Connection, tenant: str,
+                record_ids: list[str]) -> dict[str, Any] | None:
+        if not record_ids:
+            return None
+        try:
+            with conn.begin_nested():  # a broken vault must not lose the answer
+                row = conn.execute(select(vault_content.c.record_id,
+                                          vault_content.c.erased_at,
+                                          vault_content.c.erasure_record_id)
+                                   .where(vault_content.c.tenant == tenant,
+                                          vault_content.c.record_id.in_(record_ids),
+                                          vault_content.c.erased_at.is_not(None))).first()
+        except DBAPIError:
+            return None  # the vault is unreadable: it cannot have erased anything now
+        return erased_answer(row.record_id, row.erased_at, row.erasure_record_id) if row \
+            else None
+
+    def _sealed(self, tenant: str, key: str, answer: dict[str, Any]) -> dict[str, Any]:
+        plain = json.dumps(answer)
+        if self.keks is None or "problem" in answer and answer["problem"].get(
+                "code") == "content_erased":
+            return {"response": plain, "response_ct": None, "kek_id": None,
+                    "wrapped_key": None}
+        kek_id, wrapped, ciphertext = seal_receipt(self.keks, tenant, key, plain.encode())
+        return {"response": None, "response_ct": ciphertext, "kek_id": kek_id,
+                "wrapped_key": wrapped}
 
     def release(self, tenant: str, key: str, owner: str) -> bool:
         """Give up a pending claim ``owner`` still holds (nothing was committed): a retry
@@ -104,6 +220,17 @@ class ReceiptStore:
                 receipts.c.tenant == tenant, receipts.c.idempotency_key == key,
                 receipts.c.owner == owner, receipts.c.state == "pending")).rowcount
         return bool(gone)
+
+    def pending_owned(self, owner_prefix: str) -> list[tuple[str, str, str]]:
+        """(tenant, key, owner) of every pending claim whose owner starts with
+        ``owner_prefix`` (a host's claims, checked at start for dead processes)."""
+        escaped = owner_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(receipts.c.tenant, receipts.c.idempotency_key,
+                                       receipts.c.owner)
+                                .where(receipts.c.state == "pending",
+                                       receipts.c.owner.like(escaped + "%", escape="\\")))
+            return [(r.tenant, r.idempotency_key, r.owner) for r in rows]
 
     def purge(self) -> int:
         """Delete every expired row; returns how many."""

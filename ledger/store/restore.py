@@ -10,10 +10,14 @@ service cannot start on a half-restored or unproven log.
 
 from __future__ import annotations
 
+import os
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from multiprocessing import get_context
+from typing import Any
 
 from sqlalchemy import Connection, Engine, insert, text
 
@@ -23,11 +27,11 @@ from ledger.checkpoint import Checkpoint, NoteVerifier, SignedNote
 from ledger.cosignature import WitnessKey, valid_cosigners
 from ledger.errors import InvalidInputError, LedgerError, RootMismatchError, VerificationError
 from ledger.record import mirror_columns
-from ledger.store.schema import checkpoints, cosignatures, log_meta
+from ledger.store.schema import checkpoints, cosignatures, log_meta, records
 from ledger.store.sql import RECORD_INSERT_COLUMNS, parse_timestamp
 
 BUNDLES_AHEAD = 16  # bundles fetched ahead of the one being written
-BATCH_BUNDLES = 40  # bundles per insert statement group
+CHUNK_LEAVES = 8192  # leaves per mirror-row job and per insert statement
 
 
 class RestoreError(VerificationError):
@@ -72,7 +76,12 @@ def restore(engine: Engine, read: Callable[[str], bytes | None], verifier: NoteV
     wanted = {c.size for c in trusted}
     roots: dict[int, bytes] = {}
     with engine.begin() as conn:
+        # Indexes are built once after the bulk load, not row by row during it.
+        for index in records.indexes:
+            index.drop(conn)
         compact = _write_leaves(conn, read, checkpoint.size, wanted, roots, progress)
+        for index in records.indexes:
+            index.create(conn)
         root = compact.root()
         if root != checkpoint.root:
             raise RootMismatchError(expected=checkpoint.root, calculated=root)
@@ -114,31 +123,67 @@ def _bundles(read: Callable[[str], bytes | None], size: int) -> Iterator[list[by
 def _write_leaves(conn: Connection, read: Callable[[str], bytes | None], size: int,
                   wanted: set[int], roots: dict[int, bytes],
                   progress: Callable[[int, int], None] | None) -> merkle.CompactRange:
+    """Hash every leaf into the tree here while worker processes turn chunks of leaves
+    into mirror rows (parsing records is most of a restore's work)."""
     mark = "%s" if conn.dialect.name == "postgresql" else "?"
     node_sql = f"INSERT INTO tree_nodes (level, idx, hash) VALUES ({mark}, {mark}, {mark})"
     columns = RECORD_INSERT_COLUMNS
     record_sql = (f"INSERT INTO records ({', '.join(columns)}) "
                   f"VALUES ({', '.join([mark] * len(columns))})")
     compact = merkle.CompactRange()
-    nodes: list[tuple[int, int, bytes]] = []
-    rows: list[tuple[object, ...]] = []
     sqlite = conn.dialect.name == "sqlite"
-    for n, bundle in enumerate(_bundles(read, size)):
-        for entry in bundle:
-            index = compact.size
-            nodes.extend((lv, ix, h) for (lv, ix), h in compact.append(merkle.hash_leaf(entry)))
-            rows.append(_mirror_row(index, entry, sqlite))
-            if compact.size in wanted:
-                roots[compact.size] = compact.root()
-        if (n + 1) % BATCH_BUNDLES == 0 or compact.size == size:
-            conn.exec_driver_sql(node_sql, nodes)
-            conn.exec_driver_sql(record_sql, rows)
-            nodes, rows = [], []
-            if progress is not None:
-                progress(compact.size, size)
+    pending: deque[tuple[list[bytes], Future[list[tuple[object, ...]]]]] = deque()
+    # Worker processes pay for themselves only with cores to spare for them.
+    workers = min(8, (os.cpu_count() or 1) - 1)
+    with (ProcessPoolExecutor(workers, mp_context=get_context("fork")) if workers >= 2
+          else _InlineExecutor()) as pool:
+
+        def drain(keep: int) -> None:
+            while len(pending) > keep:
+                entries, rows = pending.popleft()
+                nodes: list[tuple[int, int, bytes]] = []
+                for entry in entries:
+                    nodes.extend((lv, ix, h) for (lv, ix), h
+                                 in compact.append(merkle.hash_leaf(entry)))
+                    if compact.size in wanted:
+                        roots[compact.size] = compact.root()
+                conn.exec_driver_sql(node_sql, nodes)
+                conn.exec_driver_sql(record_sql, rows.result())
+                if progress is not None:
+                    progress(compact.size, size)
+
+        chunk: list[bytes] = []
+        queued = 0
+        for bundle in _bundles(read, size):
+            chunk.extend(bundle)
+            if len(chunk) >= CHUNK_LEAVES:
+                pending.append((chunk, pool.submit(_mirror_rows, queued, chunk, sqlite)))
+                queued += len(chunk)
+                chunk = []
+                drain(2 * workers)
+        if chunk:
+            pending.append((chunk, pool.submit(_mirror_rows, queued, chunk, sqlite)))
+        drain(0)
     conn.exec_driver_sql(f"UPDATE tree_state SET size = {mark}, root = {mark} WHERE id = 1",
                          (compact.size, compact.root()))
     return compact
+
+
+class _InlineExecutor(ThreadPoolExecutor):
+    """Runs each job at submit time, in this thread (one or two cores)."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        done: Future[Any] = Future()
+        done.set_result(fn(*args, **kwargs))
+        return done
+
+
+def _mirror_rows(start: int, entries: list[bytes], sqlite: bool
+                 ) -> list[tuple[object, ...]]:
+    return [_mirror_row(start + i, entry, sqlite) for i, entry in enumerate(entries)]
 
 
 def _mirror_row(index: int, entry: bytes, sqlite: bool) -> tuple[object, ...]:

@@ -145,6 +145,7 @@ vault_content = Table(
     Column("output_ct", LargeBinary),
     Column("input_salt_ct", LargeBinary),
     Column("output_salt_ct", LargeBinary),
+    Column("subject_ct", LargeBinary),  # the subject id, encrypted (for subject-key rotation)
     Column("erased_at", DateTime),
     Column("erasure_record_id", String(64)),
     Index("ix_vault_content_tenant_subject", "tenant", "subject_hash"),
@@ -181,12 +182,19 @@ receipts = Table(
     Column("idempotency_key", String(255), nullable=False),
     Column("fingerprint", LargeBinary(32), nullable=False),  # SHA-256 of route and body
     Column("state", String(8), nullable=False),  # "pending" or "done"
-    Column("response", Text, nullable=True),  # the JSON answer once done
+    # Legacy plaintext answer (before migration 0011); new answers go to response_ct.
+    Column("response", Text, nullable=True),
     Column("created_at", DateTime, nullable=False),
     Column("expires_at", DateTime, nullable=False),
     # A random token per claim: only its holder may complete or release it (a stale
     # claim taken over by another request gets a new one).
     Column("owner", String(32), nullable=True),
+    # The answer once done, encrypted under a key wrapped by the tenant's KEK (so an
+    # erasure that destroys the KEK kills it), and the records it names (comma-joined).
+    Column("record_ids", Text, nullable=True),
+    Column("kek_id", String(64), nullable=True),
+    Column("wrapped_key", LargeBinary, nullable=True),
+    Column("response_ct", LargeBinary, nullable=True),
     PrimaryKeyConstraint("tenant", "idempotency_key", name="pk_receipts"),
     Index("ix_receipts_expires_at", "expires_at"),
 )

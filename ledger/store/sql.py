@@ -53,6 +53,7 @@ from ledger.errors import (
 from ledger.record import AuditRecord, mirror_columns
 from ledger.store import fencing
 from ledger.store.fencing import PROCESS_TAG
+from ledger.store.file_modes import private_sqlite_files
 from ledger.store.schema import anchors, checkpoints, log_meta, records, tree_state
 
 log = logging.getLogger(__name__)
@@ -207,6 +208,7 @@ def make_engine(url: str, *, writer: bool = False, sqlite_synchronous: str = "FU
     if sqlite_synchronous not in ("FULL", "NORMAL"):
         raise ValueError("sqlite_synchronous is FULL or NORMAL")
     if url.startswith("sqlite"):
+        private_sqlite_files(url)  # 0600 before SQLite creates it (and its -wal, -shm)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
                                hide_parameters=True)  # errors never carry record bytes
 

@@ -5,9 +5,17 @@
 - ``read_audited`` appends an ``access-record/v1`` leaf, waits until it is durable, and
   only then decrypts and returns the content.
 - ``erase`` (by records or by data subject) and ``expire`` (end of the retention period)
-  refuse under a legal hold, append an ``erasure-record/v1`` leaf, then destroy the
-  wrapped data keys and the ciphertexts (crypto-shredding). The log and the mirror are
+  append an ``erasure-record/v1`` leaf, then, in one transaction under the tenant's lock,
+  check the legal holds again, clear the erased rows (ciphertexts, wrapped keys, subject
+  hash), turn the stored answers naming them into 410s and re-wrap the surviving data
+  keys of the erased records' KEKs under a new KEK; after the commit those KEKs are
+  destroyed in the key store, so no copy of the erased rows anywhere opens again
+  (docs/decisions/0038-erasure-destroys-key-store-keys.md). The log and the mirror are
   never touched, so every proof still holds.
+- Bounds the service enforces itself (decision 39): a retention period between the
+  minimum and ``MAX_DAYS``, applied again when content is retained; an expiry time no
+  later than now plus ``CLOCK_SKEW``; an erasure before the minimum retention only with
+  a stated legal basis, which its leaf records.
 
 Tables live in ``ledger.store.schema`` (migration 0006); nothing here writes the log or
 the mirror except through the ledger's own append.
@@ -15,6 +23,7 @@ the mirror except through the ledger's own append.
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 import time
@@ -23,19 +32,31 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import and_, delete, event, insert, or_, select, text, update
+from sqlalchemy import Connection, bindparam, event, func, insert, select, text, update
 
-from ledger.content_records import access_body, erasure_body
+from ledger.content_records import access_body, check_legal_basis, erasure_body
 from ledger.errors import InvalidInputError
 from ledger.record import AuditRecord, new_record_id, utc_timestamp
-from ledger.store.schema import legal_holds, receipts, retention_policies, vault_content
+from ledger.store.receipts import erased_answer, names_any
+from ledger.store.schema import (
+    legal_holds,
+    receipts,
+    records,
+    retention_policies,
+    vault_content,
+)
 from ledger.store.sql import make_engine
+from ledger.store.tenant_lock import lock_tenant
 from ledger.vault_crypto import (
+    SUBJECT_FIELD,
     Content,
     KeyEncryptionKeys,
     SealedContent,
     open_content,
+    open_subject,
+    receipt_wrap_context,
     rewrap,
+    rewrap_under,
     seal_content,
     subject_hash,
 )
@@ -44,6 +65,9 @@ from ledger.vault_errors import ContentErasedError, ContentNotRetainedError, Leg
 MODES = ("commitments", "content")
 EXPIRY_LOCK_KEY = 0x7661756C74  # "vault": shared by every replica
 MAX_SUBJECT_CHARS = 256
+MAX_DAYS = 36_525  # a retention period of at most 100 years
+CLOCK_SKEW = timedelta(minutes=5)  # how far ahead of this clock ``expire`` may be asked
+REKEY_BATCH = 500
 CIPHERTEXT_COLUMNS = {"prompt": "prompt_ct", "output": "output_ct",
                       "input_salt": "input_salt_ct", "output_salt": "output_salt_ct"}
 
@@ -209,7 +233,8 @@ class ContentVault:
         with self.engine.connect() as conn:
             row = conn.execute(select(retention_policies)
                                .where(retention_policies.c.tenant == tenant)).first()
-        policy = (Policy(tenant, row.mode, row.days, True) if row is not None else
+        policy = (Policy(tenant, row.mode, self._bounded(row.mode, row.days), True)
+                  if row is not None else
                   Policy(tenant, self.default_mode,
                          self.default_days if self.default_mode == "content" else None, False))
         with self._lock:
@@ -218,6 +243,13 @@ class ContentVault:
             if self._policy_changes == changes:
                 self._policies[tenant] = (now, policy)
         return policy
+
+    def _bounded(self, mode: str, days: int | None) -> int | None:
+        """A stored period as this service applies it: never below its own minimum (a
+        tool run with a lower minimum may have written it), never beyond ``MAX_DAYS``."""
+        if mode != "content":
+            return None
+        return min(max(days or 0, self.minimum_days), MAX_DAYS)
 
     def may_keep_content(self, tenants: Iterable[str]) -> bool:
         """False only when every tenant's cached policy is fresh and keeps no content.
@@ -241,9 +273,14 @@ class ContentVault:
             raise InvalidInputError("mode", f"must be one of {', '.join(MODES)}")
         if mode == "content":
             days = self.default_days if days is None else days
+            if not isinstance(days, int) or isinstance(days, bool):
+                raise InvalidInputError("days", "must be a whole number of days")
             if days < self.minimum_days:
                 raise InvalidInputError("days", f"{days} is below the minimum retention of "
                                         f"{self.minimum_days} days")
+            if days > MAX_DAYS:
+                raise InvalidInputError("days", f"{days} is beyond the longest retention of "
+                                        f"{MAX_DAYS} days")
         elif days is not None:
             raise InvalidInputError("days", "applies only to mode content")
         now = self.clock()
@@ -271,29 +308,38 @@ class ContentVault:
     def retain(self, items: Sequence[RetainItem]) -> int:
         """Encrypt and store the content of every item whose tenant keeps content; one
         transaction for all. Returns how many were stored."""
-        rows = []
+        kept: list[tuple[RetainItem, int]] = []
         for item in items:
             policy = self.policy(item.tenant)
-            if policy.mode != "content" or policy.days is None:
-                continue
-            sealed = seal_content(self.keks, item.tenant, item.record_id, item.leaf_hash,
-                                  Content(item.prompt, item.output, item.input_salt,
-                                          item.output_salt))
-            created = _parse_created(item.created_at)
-            rows.append({
-                "record_id": item.record_id, "tenant": item.tenant,
-                "leaf_hash": item.leaf_hash, "created_at": created,
-                "expires_at": created + timedelta(days=policy.days),
-                "subject_hash": self.subject_hash(item.tenant, item.subject)
-                if item.subject is not None else None,
-                "kek_id": sealed.kek_id, "wrapped_key": sealed.wrapped_key,
-                **{column: sealed.ciphertexts[name]
-                   for name, column in CIPHERTEXT_COLUMNS.items()},
-            })
-        if rows:
-            with self._writer.begin() as conn:
-                conn.execute(insert(vault_content), rows)
+            if policy.mode == "content":
+                kept.append((item, min(max(policy.days or 0, self.minimum_days), MAX_DAYS)))
+        if not kept:
+            return 0
+        with self._writer.begin() as conn:
+            # Wrapped under the tenant lock: an erasure replacing a KEK waits for this
+            # insert, or this wrap sees the KEK that replaced it.
+            for tenant in sorted({item.tenant for item, _ in kept}):
+                lock_tenant(conn, tenant, exclusive=False)
+            rows = [self._sealed_row(item, days) for item, days in kept]
+            conn.execute(insert(vault_content), rows)
         return len(rows)
+
+    def _sealed_row(self, item: RetainItem, days: int) -> dict[str, Any]:
+        sealed = seal_content(self.keks, item.tenant, item.record_id, item.leaf_hash,
+                              Content(item.prompt, item.output, item.input_salt,
+                                      item.output_salt), subject=item.subject)
+        created = _parse_created(item.created_at)
+        return {
+            "record_id": item.record_id, "tenant": item.tenant,
+            "leaf_hash": item.leaf_hash, "created_at": created,
+            "expires_at": created + timedelta(days=days),
+            "subject_hash": self.subject_hash(item.tenant, item.subject)
+            if item.subject is not None else None,
+            "subject_ct": sealed.ciphertexts.get(SUBJECT_FIELD),
+            "kek_id": sealed.kek_id, "wrapped_key": sealed.wrapped_key,
+            **{column: sealed.ciphertexts[name]
+               for name, column in CIPHERTEXT_COLUMNS.items()},
+        }
 
     def subject_hash(self, tenant: str, subject: str) -> str:
         return subject_hash(self.keks.subject_key(tenant), check_subject(subject))
@@ -309,8 +355,10 @@ class ContentVault:
     def rows(self, tenant: str, subject: str | None = None) -> list[VaultRow]:
         statement = select(vault_content).where(vault_content.c.tenant == tenant)
         if subject is not None:
-            statement = statement.where(
-                vault_content.c.subject_hash == self.subject_hash(tenant, subject))
+            # Every subject key a stored hash may use (the old ones until a rotation ends).
+            hashes = [subject_hash(key, check_subject(subject))
+                      for key in self.keks.subject_keys(tenant)]
+            statement = statement.where(vault_content.c.subject_hash.in_(hashes))
         with self.engine.connect() as conn:
             return [_vault_row(r) for r in
                     conn.execute(statement.order_by(vault_content.c.created_at))]
@@ -360,12 +408,28 @@ class ContentVault:
     # --- legal holds ------------------------------------------------------------------
 
     def hold(self, tenant: str, reason: str, record_id: str | None = None) -> Hold:
+        """A legal hold on one retained record of ``tenant``, or on the whole tenant (one
+        this service knows: with a policy, retained content or records)."""
         _check_tenant(tenant)
-        if not reason.strip():
+        if not isinstance(reason, str) or not reason.strip():
             raise InvalidInputError("reason", "a legal hold needs a reason")
+        if record_id is not None and (not isinstance(record_id, str)
+                                      or not 1 <= len(record_id) <= 64):
+            raise InvalidInputError("record_id", "must be 1 to 64 characters")
         hold = Hold("hold-" + secrets.token_hex(6), tenant, record_id, reason.strip(),
                     self.clock(), None)
         with self._writer.begin() as conn:
+            # Ordered with erasures: one that has not checked the holds yet sees this one.
+            lock_tenant(conn, tenant, exclusive=False)
+            if record_id is not None:
+                owner = conn.execute(select(vault_content.c.tenant).where(
+                    vault_content.c.record_id == record_id)).scalar()
+                if owner != tenant:  # unknown, or another tenant's: say the same
+                    raise InvalidInputError("record_id", f"tenant {tenant} has no retained "
+                                            f"record {record_id}")
+            elif not _tenant_known(conn, tenant):
+                raise InvalidInputError("tenant", f"no tenant {tenant} is known here (no "
+                                        "policy, retained content or records)")
             conn.execute(insert(legal_holds).values(
                 hold_id=hold.hold_id, tenant=tenant, record_id=record_id, reason=hold.reason,
                 created_at=hold.created_at))
@@ -383,27 +447,31 @@ class ContentVault:
         return Hold(row.hold_id, row.tenant, row.record_id, row.reason, row.created_at, now)
 
     def holds(self, tenant: str | None = None, active: bool = True) -> list[Hold]:
-        statement = select(legal_holds).order_by(legal_holds.c.created_at)
-        if tenant is not None:
-            statement = statement.where(legal_holds.c.tenant == tenant)
-        if active:
-            statement = statement.where(legal_holds.c.released_at.is_(None))
         with self.engine.connect() as conn:
-            return [Hold(r.hold_id, r.tenant, r.record_id, r.reason, r.created_at,
-                         r.released_at) for r in conn.execute(statement)]
+            return _holds(conn, tenant, active)
 
-    def _blocking_hold(self, tenant: str, record_ids: Sequence[str]) -> Hold | None:
-        for hold in self.holds(tenant):
+    def _blocking_hold(self, tenant: str, record_ids: Sequence[str],
+                       conn: Connection | None = None) -> Hold | None:
+        if conn is None:
+            with self.engine.connect() as fresh:
+                return self._blocking_hold(tenant, record_ids, fresh)
+        for hold in _holds(conn, tenant, True):
             if hold.record_id is None or hold.record_id in record_ids:
                 return hold
         return None
 
-    # --- erasure ----------------------------------------------------------------------
+    # --- erasure ---------------------------------------------------------------------
 
     def erase(self, ledger: Appender, tenant: str, *, record_ids: Sequence[str] = (),
-              subject: str | None = None, requested_by: str) -> Erasure:
-        """Crypto-shred records of one tenant, by id or by data subject."""
+              subject: str | None = None, requested_by: str,
+              legal_basis: str | None = None) -> Erasure:
+        """Crypto-shred records of one tenant, by id or by data subject.
+
+        A record still inside the minimum retention is erased only with a stated
+        ``legal_basis``, which the erasure leaf records (decision 39).
+        """
         _check_tenant(tenant)
+        legal_basis = check_legal_basis(legal_basis)
         if bool(record_ids) == (subject is not None):
             raise InvalidInputError("selector", "give either record ids or a subject")
         if subject is not None:
@@ -418,16 +486,30 @@ class ContentVault:
                 if row.erased_at is None:
                     targets.append(row)
             selector = "records"
+        now = self.clock()
+        early = [r.record_id for r in targets
+                 if r.created_at + timedelta(days=self.minimum_days) > now]
+        if early and legal_basis is None:
+            raise InvalidInputError(
+                "legal_basis", f"record {early[0]} (and {len(early) - 1} more) is inside the "
+                f"minimum retention of {self.minimum_days} days: state the legal basis of "
+                "erasing it now")
         return self._shred(ledger, tenant, [r.record_id for r in targets], selector,
-                           "request", requested_by)
+                           "request", requested_by, legal_basis if early else None)
 
     def expire(self, ledger: Appender, now: datetime | None = None) -> tuple[list[Erasure],
                                                                           list[Hold]]:
         """Erase every record whose retention period has ended, unless held.
 
+        ``now`` may be earlier than this clock, never later than it by more than
+        ``CLOCK_SKEW`` (a time in the future would erase what is still to be kept).
         Returns the erasures (one per tenant) and the holds that kept records past their end.
         """
-        moment = _naive(now) if now is not None else self.clock()
+        current = self.clock()
+        moment = _naive(now) if now is not None else current
+        if moment > current + CLOCK_SKEW:
+            raise InvalidInputError("now", f"{_iso(moment)} is later than this clock "
+                                    f"({_iso(current)}) by more than {CLOCK_SKEW}")
         if self.engine.dialect.name != "postgresql":
             return self._expire(ledger, moment)
         # Replicas sharing one database: one expires at a time, the others skip this run
@@ -462,86 +544,173 @@ class ContentVault:
             kept_by.extend(h for h in holds if h.record_id in ids)
             free = [i for i in ids if i not in held]
             if free:
-                erasures.append(self._shred(ledger, tenant, free, "expiry", "expiry",
-                                            "retention-expiry"))
+                try:
+                    erasures.append(self._shred(ledger, tenant, free, "expiry", "expiry",
+                                                "retention-expiry"))
+                except LegalHoldError:  # placed while this erasure was being logged
+                    continue
         return erasures, kept_by
 
     def _shred(self, ledger: Appender, tenant: str, record_ids: list[str], selector: str,
-               reason: str, requested_by: str) -> Erasure:
+               reason: str, requested_by: str, legal_basis: str | None = None) -> Erasure:
         if not record_ids:
             return Erasure(tenant, [], None, None, None)
         hold = self._blocking_hold(tenant, record_ids)
-        if hold is not None:
+        if hold is not None:  # refused before anything is logged
             raise LegalHoldError(hold.hold_id, hold.scope, hold.reason)
         # The leaf first: an erasure that happened is never missing from the log. If the
         # shredding below fails, running the erasure again finishes it (with a new leaf).
         leaf = AuditRecord.from_body(erasure_body(
             leaf_id=new_record_id(), created_at=utc_timestamp(), tenant=tenant,
             records=record_ids, reason=reason, selector=selector,
-            requested_by=requested_by))
+            requested_by=requested_by, legal_basis=legal_basis))
         receipt = ledger.append(leaf)
         erased_at = self.clock()
         with self._writer.begin() as conn:
-            # Destroy the wrapped data keys, and the ciphertexts with them.
-            conn.execute(
-                update(vault_content)
-                .where(vault_content.c.record_id.in_(record_ids),
-                       vault_content.c.erased_at.is_(None))
-                .values(wrapped_key=None, prompt_ct=None, output_ct=None, input_salt_ct=None,
-                        output_salt_ct=None, erased_at=erased_at,
-                        erasure_record_id=leaf.record_id))
-            # An Idempotency-Key replay would hand the erased output and salts back:
-            # the short-lived stored answers naming these records go too.
-            for record_id in record_ids:
-                conn.execute(delete(receipts).where(
-                    receipts.c.tenant == tenant,
-                    receipts.c.response.contains(record_id, autoescape=True)))
+            lock_tenant(conn, tenant, exclusive=True)
+            # Checked again where it acts: a hold placed while the leaf was being logged.
+            hold = self._blocking_hold(tenant, record_ids, conn)
+            doomed = [] if hold is not None else self._erase_rows(
+                conn, tenant, record_ids, erased_at, leaf.record_id)
+        if hold is not None:
+            ledger.append(AuditRecord.from_body(erasure_body(
+                leaf_id=new_record_id(), created_at=utc_timestamp(), tenant=tenant,
+                records=record_ids, reason="cancelled", selector=selector,
+                requested_by=f"hold:{hold.hold_id}", cancels=leaf.record_id)))
+            raise LegalHoldError(hold.hold_id, hold.scope, hold.reason)
+        # Committed: the old KEKs hold only erased keys now. Destroying them makes every
+        # copy of those keys (WAL frames, old pages, backups) unopenable. A crash before
+        # this line leaves them marked doomed; the tenant's next erasure destroys them.
+        self.keks.destroy(tenant, doomed)
         return Erasure(tenant, sorted(record_ids), leaf.record_id, int(receipt.leaf_index),
                        erased_at)
 
-    # --- key rotation -----------------------------------------------------------------
+    def _erase_rows(self, conn: Connection, tenant: str, record_ids: list[str],
+                    erased_at: datetime, erasure_record_id: str) -> list[str]:
+        """In the erasure's transaction: clear the rows, answer their stored answers with
+        410, re-key the survivors. Returns the KEKs to destroy once committed."""
+        live = conn.execute(select(vault_content.c.record_id, vault_content.c.kek_id)
+                            .where(vault_content.c.tenant == tenant,
+                                   vault_content.c.record_id.in_(record_ids),
+                                   vault_content.c.erased_at.is_(None))).all()
+        conn.execute(
+            update(vault_content)
+            .where(vault_content.c.tenant == tenant,
+                   vault_content.c.record_id.in_(record_ids),
+                   vault_content.c.erased_at.is_(None))
+            .values(wrapped_key=None, prompt_ct=None, output_ct=None, input_salt_ct=None,
+                    output_salt_ct=None, subject_ct=None, subject_hash=None,
+                    erased_at=erased_at, erasure_record_id=erasure_record_id))
+        # Idempotency-Key answers naming these records (stored before or while this
+        # erasure ran) become 410s: the key stays bound to its record, nothing replays.
+        for record_id in record_ids:
+            conn.execute(update(receipts).where(
+                receipts.c.tenant == tenant, names_any([record_id]))
+                .values(state="done", response=json.dumps(erased_answer(
+                    record_id, erased_at, erasure_record_id)),
+                    response_ct=None, wrapped_key=None, kek_id=None))
+        return self._rekey(conn, tenant, {str(k) for _, k in live if k is not None})
 
-    def rotate(self, tenant: str, batch: int = 500) -> tuple[str, int, list[str]]:
-        """New KEK for ``tenant``; re-wrap every live data key; retire the old KEKs.
-
-        Ciphertexts are not touched. Returns (new KEK id, keys re-wrapped, retired ids).
-        """
-        _check_tenant(tenant)
-        new_id = self.keks.rotate(tenant)
-        count = 0
+    def _rekey(self, conn: Connection, tenant: str, kek_ids: set[str],
+               batch: int = REKEY_BATCH) -> list[str]:
+        """Re-wrap every live key under ``kek_ids`` (and KEKs a crashed erasure left
+        doomed) under one new KEK; returns the KEKs to destroy after the commit."""
+        doomed = set(kek_ids) | set(self.keks.doomed(tenant))
+        if not doomed:
+            return []
+        new_id = self.keks.replace(tenant, doomed)
         while True:
-            with self.engine.connect() as conn:
-                rows = conn.execute(
-                    select(vault_content.c.record_id, vault_content.c.kek_id,
-                           vault_content.c.wrapped_key)
-                    .where(vault_content.c.tenant == tenant,
-                           vault_content.c.wrapped_key.is_not(None),
-                           or_(vault_content.c.kek_id != new_id,
-                               vault_content.c.kek_id.is_(None)))
-                    .limit(batch)).all()
+            rows = conn.execute(
+                select(vault_content.c.record_id, vault_content.c.kek_id,
+                       vault_content.c.wrapped_key)
+                .where(vault_content.c.tenant == tenant,
+                       vault_content.c.kek_id.in_(doomed),
+                       vault_content.c.wrapped_key.is_not(None))
+                .limit(batch)).all()
             if not rows:
                 break
-            with self._writer.begin() as conn:
-                for record_id, kek_id, wrapped in rows:
-                    kek, rewrapped = rewrap(self.keks, tenant, record_id, str(kek_id),
-                                            bytes(wrapped))
-                    # Only if unchanged meanwhile (an erasure may have destroyed it).
-                    conn.execute(update(vault_content).where(and_(
-                        vault_content.c.record_id == record_id,
-                        vault_content.c.kek_id == kek_id,
-                        vault_content.c.wrapped_key.is_not(None)))
-                        .values(kek_id=kek, wrapped_key=rewrapped))
-            count += len(rows)
-        # A process that wrapped a key under the old KEK just before it saw the rotation
-        # may have stored it after the last pass: such a KEK is kept, not destroyed (the
-        # next rotation re-wraps and retires it).
-        with self.engine.connect() as conn:
-            still_used = set(conn.execute(
+            conn.execute(
+                update(vault_content)
+                .where(vault_content.c.record_id == bindparam("rid"))
+                .values(kek_id=bindparam("kek"), wrapped_key=bindparam("wrapped")),
+                [dict(zip(("kek", "wrapped"), rewrap(self.keks, tenant, record_id,
+                                                      str(kek_id), bytes(wrapped), new_id),
+                          strict=True), rid=record_id)
+                 for record_id, kek_id, wrapped in rows])
+        answers = conn.execute(
+            select(receipts.c.idempotency_key, receipts.c.kek_id, receipts.c.wrapped_key)
+            .where(receipts.c.tenant == tenant, receipts.c.kek_id.in_(doomed),
+                   receipts.c.wrapped_key.is_not(None))).all()
+        if answers:
+            conn.execute(
+                update(receipts)
+                .where(receipts.c.tenant == tenant,
+                       receipts.c.idempotency_key == bindparam("key"))
+                .values(kek_id=bindparam("kek"), wrapped_key=bindparam("wrapped")),
+                [dict(zip(("kek", "wrapped"), rewrap_under(
+                    self.keks, tenant, receipt_wrap_context(tenant, key), key, str(kek_id),
+                    bytes(wrapped), new_id), strict=True), key=key)
+                 for key, kek_id, wrapped in answers])
+        return sorted(doomed)
+
+    # --- key rotation -----------------------------------------------------------------
+
+    def rotate(self, tenant: str, batch: int = REKEY_BATCH) -> tuple[str, int, list[str]]:
+        """New KEK for ``tenant``; re-wrap every live data key and stored answer under it;
+        destroy the old KEKs. Then a new subject key: every live row's subject hash is
+        recomputed from its encrypted subject id, and the old subject keys are destroyed
+        (unless rows retained before migration 0011 still need one).
+
+        Ciphertexts are not touched. Returns (new KEK id, keys re-wrapped, destroyed ids).
+        """
+        _check_tenant(tenant)
+        with self._writer.begin() as conn:
+            lock_tenant(conn, tenant, exclusive=True)
+            used = set(conn.execute(
                 select(vault_content.c.kek_id).distinct()
                 .where(vault_content.c.tenant == tenant,
-                       vault_content.c.wrapped_key.is_not(None),
-                       vault_content.c.kek_id != new_id)).scalars())
-        return new_id, count, self.keks.retire(tenant, keep=still_used)
+                       vault_content.c.wrapped_key.is_not(None))).scalars())
+            used |= set(conn.execute(
+                select(receipts.c.kek_id).distinct()
+                .where(receipts.c.tenant == tenant,
+                       receipts.c.wrapped_key.is_not(None))).scalars())
+            count = int(conn.execute(
+                select(func.count()).select_from(vault_content)
+                .where(vault_content.c.tenant == tenant,
+                       vault_content.c.wrapped_key.is_not(None))).scalar() or 0)
+            doomed = self._rekey(conn, tenant, {str(k) for k in used if k is not None}
+                                 | {self.keks.current_kek_id(tenant)}, batch)
+        destroyed = self.keks.destroy(tenant, doomed)
+        self.rotate_subject_key(tenant)
+        return self.keks.current_kek_id(tenant), count, destroyed
+
+    def rotate_subject_key(self, tenant: str) -> int:
+        """New subject key; re-hash every live row's subject; destroy the old keys. Returns
+        how many rows still hash under an old key (retained before subject ids were kept
+        encrypted): their key is kept until they expire or are erased."""
+        _check_tenant(tenant)
+        key = self.keks.rotate_subject_key(tenant)
+        with self._writer.begin() as conn:
+            lock_tenant(conn, tenant, exclusive=True)
+            rows = conn.execute(
+                select(vault_content.c.record_id, vault_content.c.leaf_hash,
+                       vault_content.c.kek_id, vault_content.c.wrapped_key,
+                       vault_content.c.subject_ct)
+                .where(vault_content.c.tenant == tenant,
+                       vault_content.c.subject_hash.is_not(None),
+                       vault_content.c.erased_at.is_(None))).all()
+            rehashed = [{"rid": r.record_id, "hash": subject_hash(key, open_subject(
+                self.keks, tenant, r.record_id, bytes(r.leaf_hash), str(r.kek_id),
+                bytes(r.wrapped_key), bytes(r.subject_ct)))}
+                for r in rows if r.subject_ct is not None and r.wrapped_key is not None]
+            if rehashed:
+                conn.execute(update(vault_content)
+                             .where(vault_content.c.record_id == bindparam("rid"))
+                             .values(subject_hash=bindparam("hash")), rehashed)
+        legacy = len(rows) - len(rehashed)
+        if not legacy:
+            self.keks.retire_subject_keys(tenant)
+        return legacy
 
 
 def _secure_delete(dbapi_connection: Any, _record: Any) -> None:
@@ -570,3 +739,21 @@ def _vault_row(row: Any) -> VaultRow:
     return VaultRow(row.record_id, row.tenant, bytes(row.leaf_hash), row.created_at,
                     row.expires_at, row.subject_hash, row.kek_id, row.erased_at,
                     row.erasure_record_id)
+
+
+def _holds(conn: Connection, tenant: str | None, active: bool) -> list[Hold]:
+    statement = select(legal_holds).order_by(legal_holds.c.created_at)
+    if tenant is not None:
+        statement = statement.where(legal_holds.c.tenant == tenant)
+    if active:
+        statement = statement.where(legal_holds.c.released_at.is_(None))
+    return [Hold(r.hold_id, r.tenant, r.record_id, r.reason, r.created_at, r.released_at)
+            for r in conn.execute(statement)]
+
+
+def _tenant_known(conn: Connection, tenant: str) -> bool:
+    for table in (retention_policies, vault_content, records):
+        if conn.execute(select(table.c.tenant).where(table.c.tenant == tenant)
+                        .limit(1)).first() is not None:
+            return True
+    return False

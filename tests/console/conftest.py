@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from inference_wrapper.server.app import KEYS, LEDGER, SIGNER, create_app
+from inference_wrapper.server.app import INTEGRATOR, KEYS, LEDGER, SIGNER, create_app
 from inference_wrapper.server.settings import Settings
+from ledger.checkpoint import Checkpoint
+from ledger.cosignature import Cosigner
+from ledger.witness.cosignatures import store_cosignature
 from tests.records import make_record
 
 MakeClient = Callable[..., Awaitable[Any]]
@@ -31,6 +36,8 @@ class Console:
     verifier_key: str  # the log key an auditor pins (obtained out of band)
     generated_id: str  # a record made by a real generate call
     synthetic_ids: list[str]
+    witness_key: str  # a witness that cosigned the latest checkpoint (pinned out of band)
+    app: Any
 
     @property
     def base_url(self) -> str:
@@ -56,17 +63,31 @@ async def console(aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: An
     tokens = {"client": keys.create("bank-a", "client")[0],
               "auditor": keys.create("audit-firm", "auditor")[0],
               "admin": keys.create("operator", "admin")[0]}
-    answer = await (await client.post("/v1/generate", json={"prompt": "Hello console",
-                                                            "max_new_tokens": 4},
-                                      headers={"Authorization": f"Bearer {tokens['client']}"}
-                                      )).json()
     ledger = app[LEDGER]
     ids = []
+    # The past records first: the log refuses a leaf dated well before its newest one.
     for i in range(7):
         record = synthetic(i)
         await asyncio.to_thread(ledger.append, record)
         ids.append(record.record_id)
-    return Console(client, tokens, app[SIGNER].verifier().encode(), answer["record_id"], ids)
+    answer = await (await client.post("/v1/generate", json={"prompt": "Hello console",
+                                                            "max_new_tokens": 4},
+                                      headers={"Authorization": f"Bearer {tokens['client']}"}
+                                      )).json()
+    witness = await asyncio.to_thread(cosign_latest, app)
+    return Console(client, tokens, app[SIGNER].verifier().encode(), answer["record_id"], ids,
+                   witness, app)
+
+
+def cosign_latest(app: Any) -> str:
+    """Seal what was appended and have a witness cosign it, as a witness service would."""
+    app[INTEGRATOR].seal_now()
+    latest = app[LEDGER].latest_checkpoint()
+    witness = Cosigner("witness.example/w1", Ed25519PrivateKey.generate())
+    now = int(time.time())
+    line = witness.cosign(Checkpoint.peek(latest.note).body(), now)
+    store_cosignature(app[LEDGER].engine, latest.size, witness.name, line, now)
+    return witness.witness_key.encode()
 
 
 async def sign_in(client: Any, token: str) -> Any:

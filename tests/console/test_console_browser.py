@@ -25,6 +25,7 @@ from aiohttp.test_utils import TestServer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from playwright.async_api import Browser, Page, async_playwright, expect
 
+from inference_wrapper.server.console_pages import verification_code_digest
 from ledger.checkpoint import NoteSigner, NoteVerifier, SignedNote
 from tests.console.conftest import Console
 
@@ -63,9 +64,10 @@ async def sign_in(page: Page, console: Console, token: str) -> None:
     await page.click("#sign-in")
 
 
-async def pin_and_verify(page: Page, url: str, key: str) -> None:
+async def pin_and_verify(page: Page, url: str, key: str, witnesses: str = "") -> None:
     await page.goto(url)
     await page.fill("#pin-key", key)
+    await page.fill("#pin-witnesses", witnesses)
     await page.click("#pin-button")
     await expect(page.locator("#verdict")).not_to_have_attribute("data-status", "pending")
     await expect(page.locator("#verdict")).not_to_have_attribute("data-status", "incomplete")
@@ -99,6 +101,26 @@ def forged_signature(evidence: dict[str, Any]) -> None:
     name, key_hash, signature = note.signatures[0]
     forged = bytes([signature[0] ^ 1]) + signature[1:]
     evidence["checkpoint"] = SignedNote(note.body, ((name, key_hash, forged),)).serialize().decode()
+
+
+def padding_bits_in_the_signature(evidence: dict[str, Any]) -> None:
+    # The same signature bytes, spelled with non-zero base64 padding bits.
+    note = evidence["checkpoint"]
+    at = note.rindex("\n\n") + 2
+    line, rest = note[at:].split("\n", 1)
+    head, blob = line.rsplit(" ", 1)
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    last = len(blob.rstrip("=")) - 1  # the character holding the padding bits
+    respelled = blob[:last] + alphabet[alphabet.index(blob[last]) | 1] + blob[last + 1:]
+    assert respelled != blob and base64.b64decode(respelled) == base64.b64decode(blob)
+    evidence["checkpoint"] = note[:at] + f"{head} {respelled}\n" + rest
+
+
+def corrupted_copy_of_the_signature(evidence: dict[str, Any]) -> None:
+    note = SignedNote.parse(evidence["checkpoint"].encode())
+    name, key_hash, signature = note.signatures[0]
+    copy = (name, key_hash, bytes([signature[0] ^ 1]) + signature[1:])
+    evidence["checkpoint"] = SignedNote(note.body, (copy, *note.signatures)).serialize().decode()
 
 
 def tampered_proof(evidence: dict[str, Any]) -> None:
@@ -146,14 +168,16 @@ async def test_sign_in_search_open_record_and_every_browser_check_passes(
     await page.fill("input[name=tenant]", "bank-a")
     await page.click("#search")
     await expect(page.locator("#result-count")).to_have_text("5")  # generated + 4 synthetic
-    await page.click(f"a[href='/console/records/{console.generated_id}']")
+    await page.click(f"a[href^='/console/records/{console.generated_id}?leaf=']")
     await page.fill("#pin-key", console.verifier_key)
+    await page.fill("#pin-witnesses", console.witness_key)
     await page.click("#pin-button")
     await expect(page.locator("#verdict")).to_have_attribute("data-status", "pass")
-    assert await statuses(page) == {1: "pass", 2: "pass", 3: "pass", 4: "not-checked"}
+    assert await statuses(page) == {1: "pass", 2: "pass", 3: "pass", 4: "pass"}
     await expect(page.locator("table[data-section=hardware]")).to_be_visible()
-    # The pinned key is a public key; it stays in this tab's session storage.
-    assert await page.evaluate("Object.keys(localStorage).length") == 0
+    # The operator's page says whose code checks it, and shows that code's digest.
+    await expect(page.locator("#hosting")).to_have_attribute("data-hosted-by", "operator")
+    await expect(page.locator("#code-digest")).to_have_text(verification_code_digest())
     if SHOTS:
         await page.screenshot(path=str(Path(SHOTS) / "console-record.png"))
         await page.goto(f"{console.base_url}/console/plots?since=2026-11-30T08:00")
@@ -167,7 +191,7 @@ async def test_without_a_pinned_key_nothing_is_called_verified(
     await sign_in(page, console, console.tokens["auditor"])
     await page.goto(f"{console.base_url}/console/records/{console.generated_id}")
     await expect(page.locator("#verdict")).to_have_attribute("data-status", "incomplete")
-    assert await statuses(page) == {1: "pass", 2: "skipped", 3: "skipped", 4: "not-checked"}
+    assert await statuses(page) == {1: "skipped", 2: "skipped", 3: "skipped", 4: "skipped"}
 
 
 async def test_session_cookie_flags_as_the_browser_holds_them(
@@ -195,9 +219,11 @@ async def test_client_key_cannot_sign_in_from_the_browser(
     (altered_bytes, 1, "record bytes hash to"),
     (signed_by_another_key, 3, "note carries no signature by key"),
     (forged_signature, 3, "does not verify"),
+    (padding_bits_in_the_signature, 3, "not canonical base64"),
+    (corrupted_copy_of_the_signature, 3, "one of its repeated lines"),
     (tampered_proof, 2, "calculated root"),
 ], ids=["altered-record-bytes", "checkpoint-signed-by-another-key", "forged-signature",
-        "tampered-proof"])
+        "padding-bits-in-the-signature", "corrupted-copy-of-the-signature", "tampered-proof"])
 async def test_lying_server_is_caught_by_the_page(
         console: Console, browser: Browser, lie: Lie, failed_check: int, reason: str) -> None:
     proxy = await lying_proxy(console.base_url, lie)
@@ -207,7 +233,7 @@ async def test_lying_server_is_caught_by_the_page(
         await expect(page.locator("#results")).to_be_visible()
         # The session cookie is the loopback host's; the proxy forwards it upstream.
         url = str(proxy.make_url(f"/console/records/{console.synthetic_ids[0]}"))
-        await pin_and_verify(page, url, console.verifier_key)
+        await pin_and_verify(page, url, console.verifier_key, console.witness_key)
         await expect(page.locator("#verdict")).to_have_text(
             f"NOT verified: check {failed_check} failed")
         await expect(page.locator(f"#check-{failed_check} .reason")).to_contain_text(reason)
@@ -215,7 +241,7 @@ async def test_lying_server_is_caught_by_the_page(
         if SHOTS and lie is altered_bytes:
             await page.screenshot(path=str(Path(SHOTS) / "console-record-lying.png"))
         assert checks[failed_check] == "fail"
-        assert [n for n in (1, 2, 3) if checks[n] == "fail"] == [failed_check]
+        assert [n for n in (1, 2, 3, 4) if checks[n] == "fail"] == [failed_check]
     finally:
         await proxy.close()
 

@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import csv
+import dataclasses
 import io
 import json
 import re
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 from inference_wrapper.server import console as console_module
-from inference_wrapper.server.app import KEYS, LEDGER
+from inference_wrapper.server import console_pages
+from inference_wrapper.server.app import KEYS, LEDGER, SETTINGS, create_app
+from inference_wrapper.server.console_sessions import SessionCodec
 from ledger.anchor.store import SqlAnchorStore
 from ledger.checkpoint import NoteVerifier
 from ledger.verify import Evidence, TrustPolicy, verify_record
@@ -41,7 +45,7 @@ async def test_session_cookie_is_httponly_samesite_strict_with_expiry(console: C
     assert "Max-Age=3600" in cookie
     assert console.tokens["auditor"] not in cookie
     page = await (await console.client.get("/console")).text()
-    assert "signed in as auditor (audit-firm)" in page
+    assert "signed in as auditor (every tenant)" in page
     assert console.tokens["auditor"] not in page
 
 
@@ -110,7 +114,7 @@ async def test_search_filters_by_tenant_driver_and_time(console: Console) -> Non
 
     async def ids(query: str) -> list[str]:
         page = await (await console.client.get(f"/console?{query}")).text()
-        return re.findall(r'class="record-link" href="/console/records/([^"]+)"', page)
+        return re.findall(r'class="record-link" href="/console/records/([^"?]+)\?leaf=', page)
 
     assert len(await ids("")) == 8
     assert await ids("tenant=bank-b") == console.synthetic_ids[1::2]
@@ -126,10 +130,10 @@ async def test_search_paginates_with_a_cursor(console: Console) -> None:
     url = "/console?limit=3"
     while url:
         page = await (await console.client.get(url)).text()
-        seen += re.findall(r'class="record-link" href="/console/records/([^"]+)"', page)
+        seen += re.findall(r'class="record-link" href="/console/records/([^"?]+)\?leaf=', page)
         more = re.search(r'id="next-page" href="([^"]+)"', page)
         url = more.group(1).replace("&amp;", "&") if more else ""
-    assert seen == [console.generated_id, *console.synthetic_ids]
+    assert seen == [*console.synthetic_ids, console.generated_id]
 
 
 async def test_bad_search_input_is_400_naming_the_field(console: Console) -> None:
@@ -149,10 +153,10 @@ async def test_csv_export_has_every_matching_row_across_pages(console: Console,
     assert response.status == 200
     assert response.headers["Content-Type"].startswith("text/csv")
     rows = list(csv.DictReader(io.StringIO(await response.text())))
-    assert [r["record_id"] for r in rows] == [console.generated_id,
-                                              *console.synthetic_ids[0::2]]
+    assert [r["record_id"] for r in rows] == [*console.synthetic_ids[0::2],
+                                              console.generated_id]
     assert rows[1]["driver_version"] == "550.54.15"
-    assert rows[-1]["driver_version"] == "560.35.03"
+    assert rows[-2]["driver_version"] == "560.35.03"
 
 
 def test_csv_cells_that_a_spreadsheet_would_run_are_defused() -> None:
@@ -184,7 +188,7 @@ async def test_record_page_carries_evidence_and_no_verdict(console: Console) -> 
 
 
 async def test_record_page_escapes_what_could_close_the_evidence_block() -> None:
-    block = console_module.evidence_script({"x": "</script><script>alert(1)</script>"})
+    block = console_pages.evidence_script({"x": "</script><script>alert(1)</script>"})
     assert block.count("</script>") == 1
     assert json.loads(block.split(">", 1)[1].rsplit("<", 1)[0]) == {
         "x": "</script><script>alert(1)</script>"}
@@ -216,7 +220,8 @@ async def test_plots_show_requests_per_minute_and_the_driver_change(console: Con
     assert '<span id="plot-count">8</span>' in page
     assert page.count("<rect ") == 8  # 7 synthetic minutes and the generated record's
     rows = re.findall(r'<tr class="change-row">(.*?)</tr>', page, re.S)
-    driver = [r for r in rows if "<td>driver</td>" in r and "560.35.03" in r]
+    driver = [r for r in rows if "<td>driver</td>" in r and "<code>550.54.15</code>" in r
+              and "<code>560.35.03</code>" in r]
     assert len(driver) == 1
     cells = re.findall(r"<td>(.*?)</td>", driver[0])
     assert cells[2:] == ["<code>550.54.15</code>", "4", "<code>560.35.03</code>", "3"]
@@ -278,20 +283,141 @@ async def test_an_expired_session_is_refused_even_if_the_browser_still_sends_it(
         console: Console) -> None:
     assert (await sign_in(console.client, console.tokens["auditor"])).status == 303
     assert (await console.client.get("/console", allow_redirects=False)).status == 200
-    sessions = console.client.server.app[console_module.SESSIONS]
-    for session in sessions._sessions.values():  # the server's clock passes the expiry
-        session.expires_at = 0.0
+    codec = console.app[console_module.STATE].codec
+    assert codec is not None
+    codec._clock = lambda: time.time() + 2 * console_module.SESSION_TTL_S  # time passes
     assert (await console.client.get("/console", allow_redirects=False)).status == 303
-    assert not sessions._sessions  # and the expired one is dropped
 
 
-def test_session_table_keeps_hashes_and_evicts_the_oldest_when_full() -> None:
-    store = console_module.SessionStore(ttl_s=60.0, max_sessions=2)
-    first, _ = store.create("k1", "t", "auditor")
-    second, _ = store.create("k2", "t", "auditor")
-    third, _ = store.create("k3", "t", "auditor")
-    assert store.get(first) is None  # the oldest made room
-    assert store.get(second) is not None and store.get(third) is not None
-    assert first not in repr(store._sessions) and third not in repr(store._sessions)
-    store.drop(third)
-    assert store.get(third) is None
+def test_a_session_cookie_opens_only_unaltered_and_under_its_own_secret() -> None:
+    codec = SessionCodec(b"s" * 32, ttl_s=60.0)
+    token, session = codec.issue("k1", "bank-a", "admin", "bank-a")
+    assert codec.open(token) == session
+    payload, mac = token.split(".")
+    forged = base64.urlsafe_b64encode(base64.urlsafe_b64decode(payload + "==").replace(
+        b'"bank-a"', b'null', 1)).decode().rstrip("=")
+    assert codec.open(f"{forged}.{mac}") is None  # scope widened: the MAC no longer holds
+    assert SessionCodec(b"t" * 32, ttl_s=60.0).open(token) is None
+    assert codec.open("garbage") is None and codec.open("a.b") is None
+
+
+async def test_a_session_is_valid_on_every_replica(
+        console: Console, aiohttp_client: Any, tiny_generator: Any) -> None:
+    """Two replicas of one log (one database, one log key), no sticky sessions: a
+    session signed in on one is honoured by the other, and sign-out is the cookie's."""
+    other = await aiohttp_client(create_app(console.app[SETTINGS], tiny_generator))
+    assert (await sign_in(console.client, console.tokens["auditor"])).status == 303
+    cookie = console.client.session.cookie_jar.filter_cookies(
+        console.client.make_url("/console"))["alc_session"].value
+    answer = await other.get("/console", cookies={"alc_session": cookie},
+                             allow_redirects=False)
+    assert answer.status == 200
+    assert "signed in as auditor" in await answer.text()
+
+
+async def test_sign_in_is_throttled_per_client_address(console: Console) -> None:
+    for _ in range(10):
+        form = await (await console.client.get("/console/login")).text()
+        csrf = re.search(r'name="csrf" value="([^"]+)"', form)
+        assert csrf is not None
+        wrong = await console.client.post("/console/login", allow_redirects=False,
+                                          data={"api_key": "alk_wrong", "csrf": csrf.group(1)})
+        assert wrong.status == 401
+    refused = await sign_in(console.client, console.tokens["auditor"])
+    assert refused.status == 429  # even the right key, until the window passes
+    assert int(refused.headers["Retry-After"]) > 0
+    assert "too many failed sign-ins" in await refused.text()
+
+
+async def test_secure_cookie_and_hsts_only_behind_a_trusted_tls_proxy(
+        console: Console, aiohttp_client: Any, tiny_generator: Any) -> None:
+    https = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.7"}
+    # Not a configured proxy: the header is anyone's to send, and is ignored.
+    plain = await console.client.get("/console/login", headers=https)
+    assert "Strict-Transport-Security" not in plain.headers
+    assert "Secure" not in plain.headers["Set-Cookie"]
+    behind = await aiohttp_client(create_app(
+        dataclasses.replace(console.app[SETTINGS], trusted_proxies="127.0.0.1/32"),
+        tiny_generator))
+    answer = await behind.get("/console/login", headers=https)
+    assert answer.headers["Strict-Transport-Security"] == "max-age=31536000"
+    assert "Secure" in answer.headers["Set-Cookie"]
+    assert "Strict-Transport-Security" not in (await behind.get("/console/login")).headers
+
+
+# --- tenant scope: a tenant's admin sees only its tenant, on every page and export --------
+
+
+async def scoped_admin(console: Console) -> None:
+    token, _ = console.client.server.app[KEYS].create("bank-a", "admin")
+    assert (await sign_in(console.client, token)).status == 303
+
+
+def bank_a(console: Console) -> list[str]:
+    return [console.generated_id, *console.synthetic_ids[0::2]]
+
+
+async def test_scoped_admin_search_lists_only_its_tenant(console: Console) -> None:
+    await scoped_admin(console)
+    page = await (await console.client.get("/console")).text()
+    found = re.findall(r'class="record-link" href="/console/records/([^"?]+)\?leaf=', page)
+    assert sorted(found) == sorted(bank_a(console))
+    refused = await console.client.get("/console?tenant=bank-b")
+    assert refused.status == 403
+    assert 'data-field="tenant"' in await refused.text()
+
+
+async def test_scoped_admin_cannot_open_another_tenants_record(console: Console) -> None:
+    await scoped_admin(console)
+    other = await console.client.get(f"/console/records/{console.synthetic_ids[1]}")
+    assert other.status == 404  # not even whether it exists, as the API answers
+    own = await console.client.get(f"/console/records/{console.synthetic_ids[0]}")
+    assert own.status == 200
+
+
+async def test_scoped_admin_csv_export_holds_only_its_tenant(console: Console) -> None:
+    await scoped_admin(console)
+    text = await (await console.client.get("/console/records.csv")).text()
+    rows = list(csv.DictReader(io.StringIO(text.lstrip("\ufeff"))))
+    assert sorted(r["record_id"] for r in rows) == sorted(bank_a(console))
+    assert (await console.client.get("/console/records.csv?tenant=bank-b")).status == 403
+
+
+async def test_scoped_admin_bundle_export_holds_only_its_tenant(console: Console) -> None:
+    from ledger.bundle import Bundle
+
+    await scoped_admin(console)
+    response = await console.client.get("/console/records.bundle")
+    assert response.status == 200
+    bundle = Bundle.loads(await response.text())
+    assert sorted(e.record_id for e in bundle.entries) == sorted(bank_a(console))
+    assert (await console.client.get("/console/records.bundle?tenant=bank-b")).status == 403
+
+
+async def test_scoped_admin_plots_count_only_its_tenant(console: Console) -> None:
+    await scoped_admin(console)
+    page = await (await console.client.get("/console/plots?since=2026-11-30T08:00")).text()
+    count = re.search(r'id="plot-count">(\d+)<', page)
+    assert count is not None and int(count.group(1)) == 5  # generated + 4 synthetic bank-a
+    assert (await console.client.get("/console/plots?tenant=bank-b")).status == 403
+
+
+async def test_a_forged_huge_cursor_is_a_clear_400_not_a_500(console: Console) -> None:
+    await sign_in(console.client, console.tokens["auditor"])
+    forged = base64.urlsafe_b64encode(f"after:{10**30}".encode()).decode().rstrip("=")
+    for path in ("/console", "/console/records.csv"):
+        response = await console.client.get(f"{path}?cursor={forged}")
+        assert response.status == 400
+        assert 'data-field="cursor"' in await response.text()
+
+
+async def test_a_bundle_over_the_cap_is_refused_before_anything_is_written(
+        console: Console, monkeypatch: Any) -> None:
+    monkeypatch.setattr(console_module, "BUNDLE_MAX_RECORDS", 4)
+    await sign_in(console.client, console.tokens["auditor"])
+    refused = await console.client.get("/console/records.bundle")
+    assert refused.status == 422
+    text = await refused.text()
+    assert "this search matches 8 records" in text and 'data-field="until"' in text
+    narrowed = await console.client.get("/console/records.bundle?tenant=bank-b")
+    assert narrowed.status == 200  # 3 records: under the cap

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,3 +133,31 @@ def test_the_report_prints_to_a_pdf_whose_pages_render(ledger_db: tuple[str, str
         pixels = data[len(data) - width * height:]
         dark = sum(1 for value in pixels if value < 128)
         assert dark > width * height // 1000, f"{page.name} looks blank"
+
+
+BLOCK_SERVING_STACK = """
+import importlib.abc, sys
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("aiohttp", "torch", "transformers", "prometheus_client",
+                                  "opentelemetry", "grpc"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, Absent())
+from audit_cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_report_runs_on_the_auditor_install_without_the_serving_stack(
+        ledger_db: tuple[str, str], tmp_path: Path) -> None:
+    """The base install has no aiohttp (nor the model stack): `report` must not need it."""
+    url, key = ledger_db
+    out = tmp_path / "pack"
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", BLOCK_SERVING_STACK, "report", "--db", url,
+                           "--log-key", key, "--out", str(out), *RANGE, "--no-log"],
+                          cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout
+    assert (out / "report.html").is_file()

@@ -7,6 +7,7 @@ orderer's FORBIDDEN without one, 100 MiB messages, TLS)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import time
@@ -324,3 +325,49 @@ def test_the_double_serves_tls_and_a_plaintext_client_is_refused(
         plain.close()
     finally:
         double.stop()
+
+
+async def test_an_anchor_on_another_history_is_named_on_readyz_and_metrics(
+        aiohttp_client: Any, tiny_generator: Any, tmp_path: Path) -> None:
+    """End to end through the service (its embedded local anchor): an anchors row of
+    another history, signed with the log's key, stops anchoring; /readyz names it and
+    /metrics flags it, instead of a silent retry loop."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from inference_wrapper.server.app import (
+        ANCHOR_WORKER,
+        INTEGRATOR,
+        KEYS,
+        LEDGER,
+        SIGNER,
+        create_app,
+    )
+    from inference_wrapper.server.settings import Settings
+    from ledger import merkle
+    from ledger.checkpoint import Checkpoint
+
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+                        log_key_path=tmp_path / "log.key", checkpoint_interval_s=3600,
+                        anchor_interval_s=3600)
+    app = create_app(settings, tiny_generator)
+    client = await aiohttp_client(app)
+    token = app[KEYS].create("bank-a", "client")[0]
+    signer, origin = app[SIGNER], app[SIGNER].name
+    foreign = signer.sign_checkpoint(Checkpoint(origin, 1, merkle.hash_leaf(b"elsewhere")))
+    SqlAnchorStore(app[LEDGER]).record(1, foreign, "local", "local:1")  # a restored copy
+    for _ in range(2):
+        answer = await client.post("/v1/generate", json={"prompt": "hi", "max_new_tokens": 2},
+                                   headers={"Authorization": f"Bearer {token}"})
+        assert answer.status == 200
+    assert app[INTEGRATOR].seal_now() is not None  # wakes the anchoring worker
+
+    deadline = time.monotonic() + 60
+    while app[ANCHOR_WORKER].conflict is None:
+        assert time.monotonic() < deadline, "the conflict was never named"
+        await asyncio.sleep(0.05)
+    ready = await (await client.get("/readyz")).json()
+    assert ready["anchor_error"] == app[ANCHOR_WORKER].conflict
+    samples = {s.name: s.value for f in text_string_to_metric_families(
+        await (await client.get("/metrics")).text()) for s in f.samples}
+    assert samples["audit_anchor_conflict"] == 1.0
+    assert samples["audit_anchor_consecutive_failures"] >= 1.0

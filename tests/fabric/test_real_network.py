@@ -294,3 +294,46 @@ def test_worker_drains_after_a_real_peer_outage(network: dict[str, str],
         integrator.lease.release()
         anchor.gateway.close()
         ledger.close()
+
+
+def test_front_running_jam_refused_by_the_real_chaincode_and_the_service_anchors_on(
+        network: dict[str, str], tmp_path: Path) -> None:
+    """Issue 23's jam, on the real chaincode: another member of the channel (Org1's
+    Admin) anchors re-spelled copies of the service's public note first; each is refused,
+    and the service anchors its own note, then the next."""
+    if not native:
+        pytest.skip("needs a second member's identity: the Admin native.sh generated")
+    from tests.fabric.test_channel_attacks import JAMS, respell
+
+    org = Path(network["FABRIC_NATIVE_DIR"]) / "crypto" / "peerOrganizations" / \
+        "org1.example.com" / "users" / "Admin@org1.example.com" / "msp"
+    mallory = gateway_of(dict(
+        network, FABRIC_CERT=str(org / "signcerts" / "Admin@org1.example.com-cert.pem"),
+        FABRIC_KEY=str(next((org / "keystore").glob("*_sk")))))
+    ledger, anchor, integrator, store = _service(tmp_path, network)
+    try:
+        anchor.register()
+        for i in range(3):
+            ledger.append(make_record(i))
+        anchor.anchor(integrator.seal_now().note)  # type: ignore[union-attr]
+        for i in range(3, 5):
+            ledger.append(make_record(i))
+        sealed = integrator.seal_now()
+        assert sealed is not None and sealed.size == 5
+        proof = json.dumps([h.hex() for h in ledger.consistency_proof(3, 5)])
+        for how in JAMS:
+            with pytest.raises(ChaincodeRefusedError) as refused:
+                mallory.submit("AnchorCheckpoint", respell(sealed.note, how), proof)
+            assert refused.value.code == "MALFORMED", (how, str(refused.value))
+        assert anchor.anchor(sealed.note).size == 5
+        latest = anchor.latest_on_chain()
+        assert latest is not None and latest["note"] == sealed.note.decode()
+        for i in range(5, 8):
+            ledger.append(make_record(i))
+        assert anchor.anchor(integrator.seal_now().note).size == 8  # type: ignore[union-attr]
+        assert store.unreferenced_below(8) == 0
+    finally:
+        mallory.close()
+        integrator.lease.release()
+        anchor.gateway.close()
+        ledger.close()

@@ -152,7 +152,8 @@ def test_openai_user_field_tags_the_subject(live: Live) -> None:
     status, answer = live.call("POST", "/v1/completions", live.service.client_token, {
         "model": models["data"][0]["id"], "prompt": "hi", "max_tokens": 3, "user": "zoe"})
     assert status == 200, answer
-    status, erased = live.call("POST", "/v1/admin/erasures", live.admin, {"subject": "zoe"})
+    status, erased = live.call("POST", "/v1/admin/erasures", live.admin,
+                               {"subject": "zoe", "legal_basis": "GDPR Art. 17 request, ticket 7"})
     assert status == 200 and erased["records"] == [answer["audit"]["record_id"]]
 
 
@@ -166,18 +167,24 @@ def test_erasure_respects_holds_then_shreds_and_proofs_still_verify(live: Live) 
                     "--reason", "litigation 2026-17")
     assert held.returncode == 0, held.stderr
     hold_id = json.loads(held.stdout)["hold_id"]
-    status, problem = live.call("POST", "/v1/admin/erasures", live.admin, {"subject": "carol"})
+    status, problem = live.call("POST", "/v1/admin/erasures", live.admin,
+                                {"subject": "carol",
+                                 "legal_basis": "GDPR Art. 17 request, ticket 7"})
     assert status == 409 and problem["hold_id"] == hold_id
-    refused = live.cli("erase", "--db", url, "--tenant", "default", "--subject", "carol")
+    refused = live.cli("erase", "--db", url, "--tenant", "default", "--subject", "carol",
+                       "--legal-basis", "GDPR Art. 17 request, ticket 7")
     assert refused.returncode == 1 and hold_id in refused.stderr
     status, _ = _content(live, live.auditor, erased[0]["record_id"], "still readable")
     assert status == 200
     assert live.cli("retention", "--db", url, "release", hold_id).returncode == 0
 
     status, problem = live.call("POST", "/v1/admin/erasures", live.admin,
-                                {"subject": "carol", "tenant": "someone-else"})
+                                {"subject": "carol", "tenant": "someone-else",
+                                 "legal_basis": "GDPR Art. 17 request, ticket 7"})
     assert (status, problem["field"]) == (403, "tenant")
-    status, erasure = live.call("POST", "/v1/admin/erasures", live.admin, {"subject": "carol"})
+    status, erasure = live.call("POST", "/v1/admin/erasures", live.admin,
+                                {"subject": "carol",
+                                 "legal_basis": "GDPR Art. 17 request, ticket 7"})
     assert status == 200, erasure
     assert erasure["records"] == sorted(e["record_id"] for e in erased)
     for answer in erased:
@@ -186,7 +193,8 @@ def test_erasure_respects_holds_then_shreds_and_proofs_still_verify(live: Live) 
         assert gone["erasure_record_id"] == erasure["erasure_record_id"]
         assert gone["erased_at"] == erasure["erased_at"]
     # The command line erases by record id too.
-    by_id = live.cli("erase", "--db", url, "--tenant", "default", neighbour["record_id"])
+    by_id = live.cli("erase", "--db", url, "--tenant", "default", neighbour["record_id"],
+                     "--legal-basis", "GDPR Art. 17 request, ticket 7")
     assert by_id.returncode == 0, by_id.stderr
     status, _ = _content(live, live.auditor, neighbour["record_id"], "after erasure")
     assert status == 410

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +29,18 @@ class CountingGenerator(WrappedGenerator):
         super().__init__(inner, gate_open=True)
         self.generated = 0
 
-    def run_batch(self, requests: Sequence[Any], min_length: int = 0) -> Any:
-        self.generated += len(requests)
+    def run_batch(self, batch: Any, on_step: Any = None) -> Any:
+        self.generated += len(batch.prompts)
         self.wait_for_gate()
-        return self.inner.run_batch(requests, min_length)
+        return super().run_batch(batch, on_step)
 
 
 class NoStreaming(WrappedGenerator):
     """The tiny generator with no streamer: a stream's text is all there only once its
     record is committed, so a failure comes before any text (and before the headers)."""
 
-    def run_batch(self, requests: Sequence[Any], min_length: int = 0,
-                  on_step: Any = None) -> Any:
-        return self.inner.run_batch(requests, min_length)
+    def run_batch(self, batch: Any, on_step: Any = None) -> Any:
+        return super().run_batch(batch)
 
 
 class HeldSeal(WrappedGenerator):
@@ -140,20 +139,28 @@ async def test_no_output_when_the_vault_cannot_keep_the_content(service: Any) ->
     assert app[LEDGER].tree_head()[0] == size + 1  # the record itself is in the log
 
 
-async def test_erasure_also_forgets_the_stored_idempotent_answer(service: Any) -> None:
+async def test_erasure_turns_the_stored_idempotent_answer_into_410(service: Any) -> None:
     client, app, tokens = service
     app[VAULT].set_policy("bank-a", "content", 183)
     body = {"prompt": "secret prompt", "max_new_tokens": 2, "subject": "alice"}
     headers = {**bearer(tokens["client"]), "Idempotency-Key": "erase-me"}
     first = await (await client.post("/v1/generate", json=body, headers=headers)).json()
-    erased = await client.post("/v1/admin/erasures", json={"subject": "alice"},
-                               headers=bearer(tokens["admin"]))
+    # Inside the minimum retention: refused without a legal basis, naming the field.
+    early = await client.post("/v1/admin/erasures", json={"subject": "alice"},
+                              headers=bearer(tokens["admin"]))
+    assert early.status == 422 and (await early.json())["field"] == "legal_basis"
+    erased = await client.post("/v1/admin/erasures", json={
+        "subject": "alice", "legal_basis": "GDPR Art. 17(1)(d), ticket 8812"},
+        headers=bearer(tokens["admin"]))
     assert erased.status == 200 and first["record_id"] in (await erased.json())["records"]
-    # The replay no longer hands back the erased answer and its salts: the key is free
-    # again, so the same request is a new generate with a new record and new salts.
-    again = await (await client.post("/v1/generate", json=body, headers=headers)).json()
-    assert again["record_id"] != first["record_id"]
-    assert again["input_salt"] != first["input_salt"]
+    # The replay no longer hands back the erased answer and its salts, and the key stays
+    # bound to its record (no second generate): 410 naming the record and the erasure.
+    size = app[LEDGER].tree_head()[0]
+    again = await client.post("/v1/generate", json=body, headers=headers)
+    problem = await again.json()
+    assert again.status == 410 and problem["record_id"] == first["record_id"]
+    assert "erased" in problem["detail"] and first["input_salt"] not in json.dumps(problem)
+    assert app[LEDGER].tree_head()[0] == size
 
 
 def _break_the_vault(app: Any) -> None:
@@ -437,3 +444,19 @@ async def test_a_record_refused_after_text_was_streamed_says_it_was_not_committe
     start_id = chunks[0]["id"].removeprefix("chatcmpl-")
     assert f"stream start record {start_id} is in the log" in error["message"]
     assert app[LEDGER].tree_head()[0] == 1
+
+
+async def test_retention_days_beyond_the_bound_are_422_never_500(service: Any) -> None:
+    client, app, tokens = service
+    for days in (36_526, 10_000_000, 10**12, 10**30):
+        response = await client.put("/v1/admin/retention", json={"mode": "content",
+                                                                 "days": days},
+                                    headers=bearer(tokens["admin"]))
+        problem = await response.json()
+        assert (response.status, problem["field"]) == (422, "days"), (days, problem)
+    policy = await client.get("/v1/admin/retention", headers=bearer(tokens["admin"]))
+    assert (await policy.json())["mode"] == "commitments"  # nothing changed
+    # Generating for the tenant still works (no record committed without its content).
+    answer = await client.post("/v1/generate", json={"prompt": "hi", "max_new_tokens": 2},
+                               headers=bearer(tokens["client"]))
+    assert answer.status == 200

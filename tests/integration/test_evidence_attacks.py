@@ -12,6 +12,7 @@ import http.server
 import json
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,7 @@ def witness_args(cosigners: list[Any]) -> list[str]:
 
 # --- 1. a fork planted through a cosigned anchor ---------------------------------------
 
-def test_planted_fork_behind_a_cosigned_anchor_proves_the_record_but_never_moves_the_state(
+def test_planted_fork_behind_a_cosigned_anchor_proves_the_record_but_is_never_remembered(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], home: Path) -> None:
     both = witnesses(2)
     honest = SimLog().append(40)
@@ -80,17 +81,25 @@ def test_planted_fork_behind_a_cosigned_anchor_proves_the_record_but_never_moves
     key = honest.signer.verifier().encode()
     code, result = run_cli(capsys, "verify", "--bundle", write(tmp_path, planted),
                            "--log-key", key, *witness_args(both))
-    # The record (index 5) is in the cosigned size-30 tree: proven, but not the fork.
+    # The record (index 5) is in the cosigned size-30 tree: proven; the verifier
+    # remembers that cosigned size 30, never the fork's 42.
     assert code == 0, result
-    assert "does not remember it" in result["checks"][3]["reason"]
-    assert not list((home / "verifier").glob("*.note")), "the state moved to the fork"
-    # The honest, fully cosigned size-40 bundle still verifies (no "rollback").
-    genuine = bundle_of(honest, 40, honest.note(40, cosigners=both), [5, 35])
+    assert "remembers the anchored size 30, not this one" in result["checks"][3]["reason"]
+    state = list((home / "verifier").glob("*.note"))
+    assert len(state) == 1 and state[0].read_bytes() == anchor
+    # The honest, fully cosigned size-40 bundle still verifies (no "rollback"), proving
+    # that it extends the remembered size 30.
+    genuine = replace(bundle_of(honest, 40, honest.note(40, cosigners=both), [5, 35]),
+                      consistency_from={30: honest.tree.consistency_proof(30, 40)})
     code, result = run_cli(capsys, "verify", "--bundle", write(tmp_path, genuine),
                            "--log-key", key, *witness_args(both))
     assert code == 0, result
-    state = list((home / "verifier").glob("*.note"))
-    assert len(state) == 1 and Checkpoint.peek(state[0].read_bytes()).size == 40
+    assert Checkpoint.peek(state[0].read_bytes()).size == 40
+    # The fork again, now that the verifier saw 40: refused, and the state stays.
+    code, result = run_cli(capsys, "verify", "--bundle", write(tmp_path, planted),
+                           "--log-key", key, *witness_args(both))
+    assert code == 1 and result["failed_check"] == 4, result
+    assert Checkpoint.peek(state[0].read_bytes()).size == 40
 
 
 # --- 2. credentials across origins -----------------------------------------------------
@@ -456,3 +465,28 @@ def test_every_evidence_parser_refuses_hostile_json_as_malformed(data: bytes) ->
 
     with pytest.raises(CanonicalFormError):
         parse_strict(data)
+
+
+def test_cross_origin_redirect_never_carries_the_api_key_to_a_tiles_reader(
+        redirector: str, collector: str) -> None:
+    from ledger.client.safe_http import CrossOriginRedirectError
+    from ledger.client.tiles import HttpTiles
+
+    _Redirector.seen, _Collector.seen = [], []
+    _Redirector.redirect_to = collector
+    with pytest.raises(CrossOriginRedirectError):
+        HttpTiles(redirector + "/tlog", api_key="alk_secret_key").get("checkpoint")
+    assert _Redirector.seen and _Collector.seen == []
+
+
+def test_witness_refuses_a_root_with_non_zero_padding_bits_even_when_signed() -> None:
+    from ledger.witness_policy import AddCheckpoint, WitnessRefusal, decide
+
+    log = SimLog().append(3)
+    body = Checkpoint(ORIGIN, 3, log.tree.root()).body().decode().split("\n")
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    body[2] = body[2][:-2] + alphabet[alphabet.index(body[2][-2]) | 1] + "="
+    note = log.signer.sign("\n".join(body).encode())
+    with pytest.raises(WitnessRefusal) as refused:
+        decide(AddCheckpoint(0, (), note), {ORIGIN: [log.signer.verifier()]}, None)
+    assert refused.value.status == 400 and "canonical base64" in refused.value.reason

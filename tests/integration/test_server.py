@@ -297,7 +297,8 @@ async def test_health_readiness_metrics(service: Any) -> None:
     app[INTEGRATOR].seal_now()  # the only replica: it takes the lease and seals
     ready = await (await client.get("/readyz")).json()
     replica = ready.pop("replica")
-    assert ready == {"ready": True, "checks": {"model_loaded": True, "ledger_reachable": True,
+    assert ready == {"ready": True, "checks": {"engine_serving": True, "ledger_reachable": True,
+                                               "ledger_appending": True,
                                                "anchoring_within_slo": True,
                                                "anchor_configured": True,
                                                "worker:ledger-writer": True,

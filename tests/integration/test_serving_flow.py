@@ -7,7 +7,7 @@ import asyncio
 import base64
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,10 +30,10 @@ class GatedGenerator(WrappedGenerator):
         super().__init__(inner)
         self.batches: list[int] = []
 
-    def run_batch(self, requests: Sequence[Any], min_length: int = 0) -> Any:
-        self.batches.append(len(requests))
+    def run_batch(self, batch: Any, on_step: Any = None) -> Any:
+        self.batches.append(len(batch.prompts))
         self.wait_for_gate()
-        return self.inner.run_batch(requests, min_length)
+        return super().run_batch(batch, on_step)
 
 
 @pytest.fixture()

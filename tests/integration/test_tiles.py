@@ -155,3 +155,37 @@ def test_s3_publisher_object_lock(log: Any, tmp_path: Path) -> None:
             client.delete_object(Bucket="audit-tiles", Key="prod/tile/0/000",
                                  VersionId=head["VersionId"])
         assert fetch("tile/0/000") == b"".join(ledger.leaf_hash(i) for i in range(256))
+
+
+def test_log_publish_command_and_the_service_worker(ledger_url: str, signer: NoteSigner,
+                                                    tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    from audit_cli.main import main
+    from ledger.publish.worker import PublishWorker
+    from tests.integration.conftest import ORIGIN as LOG_ORIGIN
+    from tests.records import make_record
+
+    with SqlLedger(ledger_url) as ledger:
+        for i in range(3):
+            ledger.append(make_record(i))
+        ledger.seal_checkpoint(signer, LOG_ORIGIN)
+        capsys.readouterr()
+        assert main(["log", "--json", "--db", ledger_url, "--log-key",
+                     signer.verifier().encode(), "publish", "--to", str(tmp_path / "a")]) == 0
+        assert '"published_size": 3' in capsys.readouterr().out
+        assert (tmp_path / "a/tile/entries/000.p/3").read_bytes()[2:].startswith(b"{")
+        # The service's worker publishes each new seal when woken.
+        worker = PublishWorker(ledger, DirectorySink(tmp_path / "b"), interval_s=3600).start()
+        try:
+            ledger.append(make_record(3))
+            ledger.seal_checkpoint(signer, LOG_ORIGIN)
+            worker.wake()
+            deadline = time.monotonic() + 60
+            while worker.published != 4 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            worker.stop()
+        assert worker.published == 4 and worker.last_error is None
+        assert Checkpoint.peek((tmp_path / "b/checkpoint").read_bytes()).size == 4

@@ -9,14 +9,14 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from inference_wrapper.audit.generator import streamable_text
+from inference_wrapper.engine.generate import streamable_text
 from inference_wrapper.server.app import BATCHER, KEYS, LEDGER, create_app
 from inference_wrapper.server.settings import Settings
 from ledger.digest import commitment_matches
@@ -273,11 +273,10 @@ class GatedGenerator(WrappedGenerator):
         super().__init__(inner)
         self.streamed: list[bool] = []
 
-    def run_batch(self, requests: Sequence[Any], min_length: int = 0,
-                  on_step: Any = None) -> Any:
+    def run_batch(self, batch: Any, on_step: Any = None) -> Any:
         self.streamed.append(on_step is not None)
         self.wait_for_gate()
-        return self.inner.run_batch(requests, min_length, on_step=on_step)
+        return super().run_batch(batch, on_step)
 
 
 async def _mixed_batch(aiohttp_client: MakeClient, settings: Settings, tiny_generator: Any,

@@ -462,6 +462,11 @@ def test_operator_commands_read_expire_and_rotate(world: World) -> None:
     assert json.loads(rotated.stdout)["rewrapped"] == 1
     assert world.vault.decrypt(kept.record.record_id)[1].output == kept.item.output
 
+    future = _cli(world, "retention", *vault, "--json", "expire", "--now",
+                  "2100-01-01T00:00:00Z")
+    assert future.returncode == 2 and '"field": "now"' in future.stdout
+    assert "later than this clock" in future.stdout
+    assert world.vault.decrypt(kept.record.record_id)[1].output == kept.item.output
     early = _cli(world, "retention", *vault, "--json", "expire", "--now",
                  "2026-11-30T00:00:00Z")
     assert early.returncode == 0 and json.loads(early.stdout)["erasures"] == []
@@ -488,11 +493,13 @@ def test_subject_report_lists_records_reads_and_erasures(world: World) -> None:
                 "--subject", "erin")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert sorted(r["record_id"] for r in report["records"]) == sorted(
-        k.record.record_id for k in mine)
+    # The erased record is no longer linked to its subject (its subject hash is gone).
+    assert [r["record_id"] for r in report["records"]] == [mine[0].record.record_id]
+    assert mine[1].record.record_id not in done.stdout
+    assert erasure.erasure_record_id not in done.stdout
     assert [(r["record_id"], r["purpose"]) for r in report["reads"]] == [
         (mine[0].record.record_id, "complaint")]
-    assert [e["erasure_record_id"] for e in report["erasures"]] == [erasure.erasure_record_id]
+    assert report["erasures"] == []
 
 
 def test_one_replica_expires_at_a_time_on_postgresql(pg_world: World) -> None:
@@ -501,7 +508,7 @@ def test_one_replica_expires_at_a_time_on_postgresql(pg_world: World) -> None:
     from ledger.store.vault import EXPIRY_LOCK_KEY
 
     due = pg_world.keep(90)
-    later = datetime(2026, 6, 1, 9, 0) + timedelta(days=400)
+    later = datetime(2026, 6, 1, 9, 0) + timedelta(days=183)  # not in the future
     other = create_engine(pg_world.ledger.url)  # another replica, expiring right now
     with other.connect() as conn:
         conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": EXPIRY_LOCK_KEY})

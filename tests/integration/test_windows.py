@@ -47,6 +47,12 @@ def _v1(i: int) -> bytes:
                        created_at=_stamp(_when(i))).canonical
 
 
+@pytest.fixture(autouse=True)
+def own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's verifier state files in its own folder."""
+    monkeypatch.setenv("AUDIT_LEDGER_HOME", str(tmp_path / "home"))
+
+
 @pytest.fixture(scope="module")
 def keys() -> tuple[NoteSigner, Cosigner]:
     return (NoteSigner(ORIGIN, Ed25519PrivateKey.generate()),
@@ -217,3 +223,41 @@ def test_the_log_refuses_an_append_that_breaks_the_lag_rule(ledger_url: str) -> 
         assert ledger.tree_head()[0] == 2
     with SqlLedger(ledger_url) as ledger:  # history tools and tests may write any order
         ledger.append(make_record(4, created_at="2026-11-01T00:00:00.000Z"))
+
+
+def test_a_proved_window_holds_the_tiles_against_the_checkpoint_seen_last(
+        published: Path, keys: Any, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from ledger import merkle
+    from ledger.tiles import TILE_WIDTH, decode_bundle
+
+    signer, _ = keys
+    state = tmp_path / "seen.note"
+    query = ["query", "--prove", "--tiles", str(published), "--since", SINCE.isoformat(),
+             "--until", UNTIL.isoformat(), "--state", str(state), *_trust(keys)]
+    # The honest root at 300, from the published leaves themselves.
+    first = [entry for n in ("000", "001") for entry in
+             decode_bundle((published / "tile/entries" / n).read_bytes(), TILE_WIDTH)]
+    root_300 = merkle.root_of(merkle.hash_leaf(e) for e in first[:300])
+    state.write_bytes(signer.sign_checkpoint(Checkpoint(ORIGIN, 300, root_300)))
+    code, _, err = _cli(capsys, *query)
+    assert code == 0, err
+    assert Checkpoint.peek(state.read_bytes()).size == 600  # advanced
+    # A checkpoint seen earlier of another tree at 300: the published tiles fork from it.
+    state.write_bytes(signer.sign_checkpoint(Checkpoint(ORIGIN, 300, b"\x07" * 32)))
+    code, _, err = _cli(capsys, *query)
+    assert code == 1 and "fork: the log's tree at size 300" in err
+    # A larger one seen earlier: the published log was rolled back.
+    state.write_bytes(signer.sign_checkpoint(Checkpoint(ORIGIN, 700, b"\x07" * 32)))
+    code, _, err = _cli(capsys, *query)
+    assert code == 1 and "rollback: this auditor saw the signed checkpoint of size 700" in err
+
+
+def test_the_filter_skips_only_records_that_cannot_match() -> None:
+    keep = leaf_filter({"tenant": "bank-1"}, ORIGIN)
+    plain = make_record(1, tenant="bank-1").canonical
+    assert keep(0, plain) and not keep(0, make_record(2, tenant="bank-2").canonical)
+    # Spelled with an escape (not canonical, but one meaning): still found.
+    escaped = plain.replace(b'"bank-1"', b'"bank\\u002d1"')
+    assert escaped != plain and keep(0, escaped)
+    assert not keep(0, make_record(3, tenant="bank-10").canonical)

@@ -24,11 +24,13 @@ def test_a_batcher_shortens_the_gil_switch_interval_until_it_has_drained() -> No
     after the drain; ``None`` leaves it alone."""
     import asyncio
     import sys
+    import types
 
     from inference_wrapper.audit.batcher import GIL_SWITCH_INTERVAL_S, Batcher
 
     async def run(interval: float | None) -> float:
-        batcher = Batcher(object(), object(), gil_switch_interval_s=interval)  # type: ignore[arg-type]
+        no_engines = types.SimpleNamespace(engines=[])  # no batch ever runs here
+        batcher = Batcher(no_engines, object(), gil_switch_interval_s=interval)  # type: ignore[arg-type]
         batcher.start()
         during = sys.getswitchinterval()
         await batcher.drain(timeout_s=5.0)

@@ -80,7 +80,7 @@ SOFTWARE_TYPES: dict[str, Any] = {
 
 
 def test_software_fingerprint_fields(tiny_generator: Any) -> None:
-    sw = tiny_generator.software.to_dict()
+    sw = tiny_generator.software
     for key, kind in SOFTWARE_TYPES.items():
         assert isinstance(sw[key], kind), key
     assert sw["schema"] == "software-fingerprint/v1"

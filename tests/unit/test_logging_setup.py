@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import io
 import logging
+import threading
 import weakref
 
 from inference_wrapper.server.logging_setup import BufferingHandler, QueuedLogging
@@ -57,4 +58,38 @@ def test_a_full_buffer_drops_and_counts() -> None:
     for n in range(5):
         logger.info("line %d", n)
     assert handler.dropped == 2 and len(handler.buffer) == 3
+    logger.removeHandler(handler)
+
+
+class StalledStream(io.StringIO):
+    """A log output whose first write blocks until released, as a full pipe would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing, self.release = threading.Event(), threading.Event()
+
+    def write(self, text: str) -> int:
+        self.writing.set()
+        self.release.wait()
+        return super().write(text)
+
+
+def test_lines_still_queued_at_exit_are_counted_and_reported() -> None:
+    handler = BufferingHandler(capacity=100)
+    logger = logging.getLogger("test.logging_setup.exit")
+    _record(logger, handler)
+    stream = StalledStream()
+    output = logging.StreamHandler(stream)
+    queued = QueuedLogging(handler, output, interval_s=0.001)
+    logger.info("first")  # taken by the writer, which then blocks on the stream
+    assert stream.writing.wait(30)
+    for n in range(7):
+        logger.info("queued %d", n)
+    report = io.StringIO()
+    try:
+        # The writer is stuck: the seven queued lines are lost, and counted as such.
+        assert queued.stop(timeout_s=0.05, report=report) == 7
+    finally:
+        stream.release.set()
+    assert report.getvalue() == "7 log lines were dropped because the log output stalled\n"
     logger.removeHandler(handler)

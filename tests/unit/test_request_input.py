@@ -76,7 +76,7 @@ def test_query_integer_bounds() -> None:
 def test_stop_cut_keeps_tokens_up_to_the_completing_one(tiny_model_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    from inference_wrapper.audit.generator import apply_stop
+    from inference_wrapper.engine.generate import apply_stop
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
     ids = tokenizer("abcXYdefXYg", add_special_tokens=False)["input_ids"]

@@ -78,3 +78,20 @@ def test_only_v2_envelopes_are_envelopes() -> None:
     assert tiles.only_envelopes([envelope, envelope])
     assert not tiles.only_envelopes([envelope, b'{"schema":"audit-record/v1"}'])
     assert not tiles.only_envelopes([envelope[:-1] + b',"tenant":"x"}'])
+
+
+def test_a_leaf_time_is_read_where_canonical_json_puts_it_or_parsed() -> None:
+    from datetime import datetime
+
+    from ledger.errors import VerificationError
+    from ledger.window import entry_time
+
+    v1 = b'{"created_at":"2026-11-03T08:00:01.250Z","tenant":"a"}'
+    v2 = (b'{"body":"sha256:' + b"0" * 64 + b'","created_at":"2026-12-02T01:02:03.456Z",'
+          b'"kind":"k","schema":"audit-leaf/v2","tenant_tag":null}')
+    assert entry_time(v1) == datetime(2026, 11, 3, 8, 0, 1, 250000)
+    assert entry_time(v2) == datetime(2026, 12, 2, 1, 2, 3, 456000)
+    assert entry_time(b'{"a":1,"created_at":"2026-11-03T08:00:01+01:00"}') == \
+        datetime(2026, 11, 3, 7, 0, 1)
+    with pytest.raises(VerificationError):  # a second created_at: no single meaning
+        entry_time(b'{"created_at":"2026-11-03T08:00:01.250Z","created_at":"2030-01-01"}')

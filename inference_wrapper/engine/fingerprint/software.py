@@ -15,7 +15,7 @@ from ledger.digest import sha256_digest
 
 SCHEMA = "software-fingerprint/v1"
 UNKNOWN = "unknown"
-SERVICE_ROOT = Path(__file__).resolve().parents[2]
+SERVICE_ROOT = Path(__file__).resolve().parents[3]  # the checkout this package runs from
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,25 @@ def dependencies_digest() -> str:
          if d.metadata["Name"]}
     )
     return sha256_digest(canonical_bytes(pins))
+
+
+def framework_info() -> dict[str, dict[str, Any]]:
+    """The versions of the model stack this process would run."""
+    import torch
+    import transformers
+
+    return {
+        "torch": {"version": torch.__version__, "git_version": torch.version.git_version,
+                  "cuda_build": torch.version.cuda},
+        "transformers": {"version": transformers.__version__},
+    }
+
+
+def set_torch_threads(count: int) -> None:
+    """torch's intra-op threads (1 is fastest on small shared machines)."""
+    import torch
+
+    torch.set_num_threads(count)
 
 
 def capture_software(

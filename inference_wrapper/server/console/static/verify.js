@@ -1,20 +1,30 @@
-// In-browser verification of one audit record. Inputs: the evidence block the server put
-// in the page and a log key the auditor pinned in this tab. No verdict comes from the
-// server: every hash and the signature are computed here with WebCrypto.
-//   1. SHA-256(0x00 || canonical bytes) equals the leaf hash the log holds (RFC 9162 2.1.1)
+// In-browser verification of one audit record, the same checks as `audit-ledger verify`.
+// Inputs: the evidence block in the page, the record this page was asked for (its URL),
+// and the keys the auditor pinned (the log's key, and witness keys). No verdict comes
+// from the server: every hash and signature is computed here with WebCrypto.
+//   1. the bytes are the record asked for (id from the URL, leaf index from the link) and
+//      SHA-256(0x00 || bytes) equals the leaf hash the log holds (RFC 9162 2.1.1)
 //   2. the inclusion proof leads from that leaf to the checkpoint's root (RFC 9162 2.1.3.2)
-//   3. the checkpoint note carries a valid Ed25519 signature by the pinned key (signed-note)
-//   4. consistency with the anchor: not checked in the browser (use `audit-ledger verify`)
-// Check 3 runs before check 2 uses the root: an unsigned root is not trusted.
+//   3. the checkpoint note carries a valid Ed25519 signature by the pinned log key
+//   4. the checkpoint is consistent with the anchored one (RFC 9162 2.1.4.2) and pinned
+//      witnesses cosigned it (C2SP cosignature/v1); the operator's own anchor alone is
+//      SELF-ANCHORED, never verified. A Fabric anchor is checked by the CLI only.
+// Nothing runs before a log key is pinned: bytes compared with a hash from the same
+// server prove nothing on their own.
 "use strict";
 
-const PIN_STORAGE = "audit-ledger.pinned-log-key";
+const PIN_STORAGE = "audit-ledger.pins";
+const PIN_COOKIE = "alc_pin_session";
 const enc = new TextEncoder();
 
 function $(id) { return document.getElementById(id); }
 
+// Canonical padded base64 only, as the command-line verifier and Go read it: atob skips
+// whitespace and missing padding and ignores padding bits, so one value could be spelled
+// many ways; the bytes must encode back to the very same text.
 function b64decode(text) {
   const raw = atob(text);
+  if (btoa(raw) !== text) throw new Error("not canonical base64");
   const out = new Uint8Array(raw.length);
   for (let i = 0; i < raw.length; i++) out[i] = raw.charCodeAt(i);
   return out;
@@ -25,7 +35,7 @@ function hex(bytes) {
 }
 
 function unhex(text) {
-  if (!/^([0-9a-f]{2})*$/.test(text)) throw new Error("not lowercase hex: " + text);
+  if (typeof text !== "string" || !/^([0-9a-f]{2})*$/.test(text)) throw new Error("not lowercase hex: " + text);
   const out = new Uint8Array(text.length / 2);
   for (let i = 0; i < out.length; i++) out[i] = parseInt(text.substr(i * 2, 2), 16);
   return out;
@@ -43,6 +53,13 @@ function equal(a, b) {
   let diff = 0;
   for (let i = 0; i < a.length; i++) diff |= a[i] ^ b[i];
   return diff === 0;
+}
+
+// Control and bidirectional-formatting characters shown as <U+XXXX>: untrusted text must
+// read as what it is (a driver "\u202e51.45.055" must not display as 550.54.15).
+function visible(text) {
+  return String(text).replace(/[\u0000-\u001f\u007f-\u009f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]/g,
+    (c) => "<U+" + c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0") + ">");
 }
 
 async function sha256(bytes) {
@@ -72,19 +89,63 @@ async function rootFromInclusion(leaf, index, size, proof) {
   return r;
 }
 
-// A signed-note verifier key: name+hex(key hash)+base64(0x01 || Ed25519 public key).
-async function decodeVerifierKey(text) {
-  // The name has no "+"; the base64 key may, so split at the first two only.
+// RFC 9162 2.1.4.2: throws unless the tree (second, secondRoot) extends (first, firstRoot).
+async function verifyConsistency(first, second, proof, firstRoot, secondRoot) {
+  if (!(first >= 1 && first <= second)) throw new Error(`sizes ${first} and ${second} cannot be compared`);
+  if (first === second) {
+    if (proof.length !== 0) throw new Error("a proof between equal sizes must be empty");
+    if (!equal(firstRoot, secondRoot)) throw new Error(`fork: two different roots for size ${first}`);
+    return;
+  }
+  const path = (first & (first - 1)) === 0 ? [firstRoot, ...proof] : [...proof];
+  if (path.length === 0) throw new Error("the consistency proof is empty");
+  let fn = first - 1, sn = second - 1;
+  while (fn % 2 === 1) { fn = Math.floor(fn / 2); sn = Math.floor(sn / 2); }
+  let fr = path[0], sr = path[0];
+  for (const c of path.slice(1)) {
+    if (sn === 0) throw new Error("the consistency proof is longer than the trees allow");
+    if (fn % 2 === 1 || fn === sn) {
+      fr = await hashChildren(c, fr);
+      sr = await hashChildren(c, sr);
+      while (fn % 2 === 0 && fn !== 0) { fn = Math.floor(fn / 2); sn = Math.floor(sn / 2); }
+    } else {
+      sr = await hashChildren(sr, c);
+    }
+    fn = Math.floor(fn / 2); sn = Math.floor(sn / 2);
+  }
+  if (sn !== 0) throw new Error("the consistency proof is shorter than the trees need");
+  if (!equal(fr, firstRoot) || !equal(sr, secondRoot)) {
+    throw new Error(`size ${second} does not extend size ${first}: a fork or a rewritten history`);
+  }
+}
+
+// name+hex(key hash)+base64(alg || Ed25519 public key); "+" may occur in the base64.
+function splitVkey(text) {
   const trimmed = text.trim();
   const first = trimmed.indexOf("+"), second = trimmed.indexOf("+", first + 1);
   if (first <= 0 || second < 0) throw new Error("a verifier key is name+hash+key");
-  const name = trimmed.slice(0, first), hashHex = trimmed.slice(first + 1, second);
-  const keyB64 = trimmed.slice(second + 1);
-  const raw = b64decode(keyB64);
+  return { name: trimmed.slice(0, first), hashHex: trimmed.slice(first + 1, second),
+           raw: b64decode(trimmed.slice(second + 1)), text: trimmed };
+}
+
+// The log's signed-note key (algorithm 0x01, hash over name "\n" 0x01 key).
+async function decodeVerifierKey(text) {
+  const { name, hashHex, raw, text: trimmed } = splitVkey(text);
   if (raw.length !== 33 || raw[0] !== 1) throw new Error("only Ed25519 verifier keys are supported");
   const pub = raw.slice(1);
   const keyHash = (await sha256(concat(enc.encode(name + "\n"), new Uint8Array([1]), pub))).slice(0, 4);
   if (hex(keyHash) !== hashHex) throw new Error("the key hash does not match the key");
+  const key = await crypto.subtle.importKey("raw", pub, { name: "Ed25519" }, false, ["verify"]);
+  return { name, keyHash, key, text: trimmed };
+}
+
+// A witness key (cosignature/v1: algorithm 0x04, hash over name "\n" 0x04 key).
+async function decodeWitnessKey(text) {
+  const { name, hashHex, raw, text: trimmed } = splitVkey(text);
+  if (raw.length !== 33 || raw[0] !== 4) throw new Error(`witness key ${name}: not a cosignature/v1 key (type 0x04)`);
+  const pub = raw.slice(1);
+  const keyHash = (await sha256(concat(enc.encode(name + "\n"), new Uint8Array([4]), pub))).slice(0, 4);
+  if (hex(keyHash) !== hashHex) throw new Error(`witness key ${name}: the key hash does not match the key`);
   const key = await crypto.subtle.importKey("raw", pub, { name: "Ed25519" }, false, ["verify"]);
   return { name, keyHash, key, text: trimmed };
 }
@@ -94,7 +155,9 @@ function parseNote(text) {
   const split = text.lastIndexOf("\n\n");
   if (split < 0 || !text.endsWith("\n")) throw new Error("not a signed note");
   const body = text.slice(0, split + 1);
-  const lines = text.slice(split + 2, -1).split("\n").map((line) => {
+  const raw = text.slice(split + 2, -1).split("\n");
+  if (raw.length > 100) throw new Error("more than 100 signature lines");
+  const lines = raw.map((line) => {
     const m = /^\u2014 (\S+) ([A-Za-z0-9+/=]+)$/.exec(line);
     if (!m) throw new Error("malformed signature line");
     const blob = b64decode(m[2]);
@@ -111,66 +174,93 @@ function parseCheckpointBody(body) {
   return { origin: lines[0], size: Number(lines[1]), root };
 }
 
+// The checkpoint inside a note, signed by the pinned log key for its origin; or an error.
+async function openCheckpoint(noteText, pinned) {
+  const note = parseNote(noteText);
+  const mine = note.lines.filter((s) => s.name === pinned.name && equal(s.keyHash, pinned.keyHash));
+  if (mine.length === 0) throw new Error(`note carries no signature by key ${pinned.name}+${hex(pinned.keyHash)}`);
+  // Every line in the pinned key's name must verify: a corrupted copy beside the genuine
+  // line is refused, whatever the order.
+  for (const s of mine) {
+    if (!await crypto.subtle.verify({ name: "Ed25519" }, pinned.key, s.signature, enc.encode(note.body))) {
+      throw new Error(`signature by key ${pinned.name} does not verify${mine.length > 1 ? " (one of its repeated lines)" : ""}`);
+    }
+  }
+  const checkpoint = parseCheckpointBody(note.body);
+  if (checkpoint.origin !== pinned.name) {
+    throw new Error(`checkpoint is for origin ${checkpoint.origin}, the pinned key is ${pinned.name}`);
+  }
+  return { checkpoint, note };
+}
+
+// Names of pinned witnesses with a valid cosignature on the note.
+async function cosigners(noteText, witnesses) {
+  const note = parseNote(noteText);
+  const found = new Set();
+  for (const w of witnesses) {
+    for (const s of note.lines) {
+      if (s.name !== w.name || !equal(s.keyHash, w.keyHash) || s.signature.length !== 72) continue;
+      const time = new DataView(s.signature.buffer, s.signature.byteOffset, 8).getBigUint64(0);
+      const message = concat(enc.encode(`cosignature/v1\ntime ${time}\n`), enc.encode(note.body));
+      if (await crypto.subtle.verify({ name: "Ed25519" }, w.key, s.signature.slice(8), message)) {
+        found.add(w.name);
+        break;
+      }
+    }
+  }
+  return found;
+}
+
 function show(number, status, reason) {
   const item = $("check-" + number);
   item.dataset.status = status;
-  item.querySelector(".reason").textContent = `${status}: ${reason}`;
+  item.querySelector(".reason").textContent = `${status}: ${visible(reason)}`;
 }
 
-async function verify(evidence, pinned) {
+// The record this page was asked for: the id in its URL and the leaf index in its link.
+function askedFor() {
+  const parts = location.pathname.split("/");
+  const leaf = new URLSearchParams(location.search).get("leaf");
+  return { recordId: decodeURIComponent(parts[parts.length - 1]),
+           leafIndex: leaf !== null && /^(0|[1-9][0-9]*)$/.test(leaf) ? Number(leaf) : null };
+}
+
+async function verify(evidence, pins) {
   const results = {};
   const set = (n, status, reason) => { results[n] = status; show(n, status, reason); };
+  const asked = askedFor();
   const bytes = b64decode(evidence.canonical_base64);
-  renderEvidence(evidence, bytes);
+  const body = renderEvidence(evidence, bytes);
+  if (!pins.log) {
+    for (const n of [1, 2, 3, 4]) set(n, "skipped", "not run: pin the log's verifier key above");
+    return verdictOf(results, "not verified: pin the log key to run the checks");
+  }
 
-  // Check 1: the bytes are this record and hash to the leaf the log holds.
+  // Check 1: the bytes are the record asked for and hash to the leaf the log holds.
   const leaf = await hashLeaf(bytes);
-  try {
-    const body = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(bytes));
-    if (body === null || typeof body !== "object" || body.record_id !== evidence.record_id) {
-      set(1, "fail", `the bytes are record ${JSON.stringify(body && body.record_id)}, not ${evidence.record_id}`);
-    } else if (hex(leaf) !== evidence.log_leaf_hash) {
-      set(1, "fail", `record bytes hash to ${hex(leaf)}, the log holds ${evidence.log_leaf_hash} at index ${evidence.leaf_index}`);
-    } else {
-      set(1, "pass", `leaf hash ${hex(leaf)} at index ${evidence.leaf_index}`);
-    }
-  } catch (err) {
-    set(1, "fail", `record bytes are not JSON: ${err.message}`);
+  if (body === null || typeof body !== "object" || Array.isArray(body)) {
+    set(1, "fail", "record bytes are not a JSON object");
+  } else if (body.record_id !== asked.recordId) {
+    set(1, "fail", `the bytes are record ${JSON.stringify(body.record_id)}, not ${asked.recordId} (the record asked for)`);
+  } else if (asked.leafIndex !== null && evidence.leaf_index !== asked.leafIndex) {
+    set(1, "fail", `the evidence is for leaf ${evidence.leaf_index}, the record asked for is at leaf ${asked.leafIndex}`);
+  } else if (hex(leaf) !== evidence.log_leaf_hash) {
+    set(1, "fail", `record bytes hash to ${hex(leaf)}, the log holds ${evidence.log_leaf_hash} at index ${evidence.leaf_index}`);
+  } else {
+    set(1, "pass", `leaf hash ${hex(leaf)} at index ${evidence.leaf_index}`);
   }
 
   // Check 3 (before 2 uses the root): the checkpoint's signature under the pinned key.
   let checkpoint = null;
   if (!evidence.checkpoint) {
     set(3, "fail", "the page carries no checkpoint covering this record");
-  } else if (!pinned) {
-    set(3, "skipped", "not run: pin the log's verifier key above");
   } else {
     try {
-      const note = parseNote(evidence.checkpoint);
-      const mine = note.lines.filter((s) => s.name === pinned.name && equal(s.keyHash, pinned.keyHash));
-      if (mine.length === 0) {
-        set(3, "fail", `note carries no signature by key ${pinned.name}+${hex(pinned.keyHash)}`);
-      } else {
-        let valid = false;
-        for (const s of mine) {
-          valid = valid || await crypto.subtle.verify({ name: "Ed25519" }, pinned.key, s.signature, enc.encode(note.body));
-        }
-        if (!valid) {
-          set(3, "fail", `signature by key ${pinned.name} does not verify`);
-        } else {
-          checkpoint = parseCheckpointBody(note.body);
-          if (checkpoint.origin !== pinned.name) {
-            set(3, "fail", `checkpoint is for origin ${checkpoint.origin}, the pinned key is ${pinned.name}`);
-            checkpoint = null;
-          } else {
-            const others = note.lines.length - mine.length;
-            set(3, "pass", `signed by ${pinned.name}+${hex(pinned.keyHash)}` +
-              (others ? `; ${others} other signature line(s) (cosignatures) not checked here` : ""));
-          }
-        }
-      }
+      const opened = await openCheckpoint(evidence.checkpoint, pins.log);
+      checkpoint = opened.checkpoint;
+      set(3, "pass", `signed by ${pins.log.name}+${hex(pins.log.keyHash)}`);
     } catch (err) {
-      set(3, "fail", `checkpoint note is malformed: ${err.message}`);
+      set(3, "fail", err.message);
     }
   }
 
@@ -181,6 +271,7 @@ async function verify(evidence, pinned) {
     set(2, "skipped", "not run: the checkpoint's signature (check 3) did not pass, its root is not trusted");
   } else {
     try {
+      if (!Array.isArray(evidence.inclusion_proof)) throw new Error("the server gave no inclusion proof");
       if (evidence.tree_size !== checkpoint.size) throw new Error(`proof is for size ${evidence.tree_size}, the checkpoint has ${checkpoint.size}`);
       const root = await rootFromInclusion(leaf, evidence.leaf_index, checkpoint.size, evidence.inclusion_proof.map(unhex));
       if (!equal(root, checkpoint.root)) throw new Error(`calculated root ${hex(root)}, the checkpoint has ${hex(checkpoint.root)}`);
@@ -190,81 +281,176 @@ async function verify(evidence, pinned) {
     }
   }
 
-  set(4, "not-checked", "not checked in the browser (anchor " +
-    (evidence.anchor_ref || "not yet recorded") + "); run `audit-ledger verify` for it");
+  // Check 4: on the anchored history, and vouched for by someone besides the operator.
+  if (results[2] !== "pass" || results[3] !== "pass") {
+    set(4, "skipped", "not run: an earlier check failed");
+  } else {
+    try {
+      const reasons = await checkHistory(evidence, checkpoint, pins);
+      set(4, "pass", reasons.join("; "));
+    } catch (err) {
+      set(4, "fail", err.message);
+    }
+  }
+  return verdictOf(results, null);
+}
 
-  const failed = [1, 2, 3].find((n) => results[n] === "fail");
+async function checkHistory(evidence, checkpoint, pins) {
+  const reasons = [];
+  let anchored = null;
+  if (evidence.anchored_checkpoint) {
+    let opened;
+    try {
+      opened = await openCheckpoint(evidence.anchored_checkpoint, pins.log);
+    } catch (err) {
+      throw new Error(`the anchored checkpoint is not authentic: ${err.message}`);
+    }
+    anchored = opened.checkpoint;
+    const [older, newer] = anchored.size <= checkpoint.size ? [anchored, checkpoint] : [checkpoint, anchored];
+    if (older.size < newer.size && !Array.isArray(evidence.anchor_consistency)) {
+      throw new Error(`no consistency proof between the anchored size ${anchored.size} and size ${checkpoint.size}`);
+    }
+    await verifyConsistency(older.size, newer.size, (evidence.anchor_consistency || []).map(unhex), older.root, newer.root);
+    reasons.push(`consistent with anchored size ${anchored.size} (${evidence.anchor_ref || "no reference"})`);
+  }
+  if (pins.witnesses.length > 0) {
+    const found = await cosigners(evidence.checkpoint, pins.witnesses);
+    if (anchored && anchored.size > evidence.leaf_index) {
+      for (const name of await cosigners(evidence.anchored_checkpoint, pins.witnesses)) found.add(name);
+    }
+    const missing = pins.witnesses.map((w) => w.name).filter((n) => !found.has(n));
+    if (missing.length > 0) {
+      throw new Error(`witness quorum unmet: ${found.size} of ${pins.witnesses.length} pinned witnesses cosigned (missing: ${missing.join(", ")})`);
+    }
+    reasons.push(`cosigned by ${found.size} of ${pins.witnesses.length} pinned witnesses (${[...found].sort().join(", ")})`);
+    return reasons;
+  }
+  const where = evidence.anchor_ref || "no anchor";
+  throw new Error(`self-anchored: the only anchor (${where}) is kept by the operator, who vouches ` +
+    "for itself; pin witness keys, or check a Fabric anchor with `audit-ledger verify --fabric-*`");
+}
+
+function verdictOf(results, pending) {
   const verdict = $("verdict");
-  if (failed) {
+  const failed = [1, 2, 3, 4].find((n) => results[n] === "fail");
+  if (pending) {
+    verdict.dataset.status = "incomplete";
+    verdict.textContent = pending;
+  } else if (failed) {
     verdict.dataset.status = "fail";
     verdict.textContent = `NOT verified: check ${failed} failed`;
-  } else if ([1, 2, 3].every((n) => results[n] === "pass")) {
+  } else if ([1, 2, 3, 4].every((n) => results[n] === "pass")) {
     verdict.dataset.status = "pass";
-    verdict.textContent = "checks 1-3 passed in this browser";
+    verdict.textContent = "VERIFIED in this browser: checks 1-4 passed";
   } else {
     verdict.dataset.status = "incomplete";
-    verdict.textContent = "not verified: pin the log key to run every check";
+    verdict.textContent = "not verified: not every check ran";
   }
+  $("sections-status").textContent = verdict.dataset.status === "pass"
+    ? "verified: these are the bytes checks 1-4 passed on"
+    : "NOT verified: shown as the server sent them";
+  return results;
 }
 
 function renderEvidence(evidence, bytes) {
   const text = new TextDecoder("utf-8").decode(bytes);
-  $("canonical").textContent = text;
+  $("canonical").textContent = visible(text);
   $("tree-size").textContent = String(evidence.tree_size);
-  $("log-leaf").textContent = evidence.log_leaf_hash;
+  $("log-leaf").textContent = String(evidence.log_leaf_hash);
   const proof = $("proof");
-  proof.replaceChildren(...evidence.inclusion_proof.map((h) => {
-    const li = document.createElement("li"); li.textContent = h; return li;
+  proof.replaceChildren(...(evidence.inclusion_proof || []).map((h) => {
+    const li = document.createElement("li"); li.textContent = visible(h); return li;
   }));
-  $("checkpoint").textContent = evidence.checkpoint || "(none)";
+  $("checkpoint").textContent = visible(evidence.checkpoint || "(none)");
+  $("anchored-checkpoint").textContent = visible(evidence.anchored_checkpoint || "(none)");
   const lines = $("signature-lines");
   lines.replaceChildren();
   try {
     for (const s of parseNote(evidence.checkpoint || "").lines) {
       const li = document.createElement("li");
-      li.textContent = `${s.name} key hash ${hex(s.keyHash)}`;
+      li.textContent = visible(`${s.name} key hash ${hex(s.keyHash)}`);
       lines.append(li);
     }
   } catch (err) { /* a malformed note is reported by check 3 */ }
-  renderSections(text);
+  let body = null;
+  try { body = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(bytes)); } catch (err) { body = null; }
+  renderSections(body, evidence);
+  return body;
 }
 
-// The record's sections as tables of dotted paths, from the bytes that were checked.
-function renderSections(text) {
-  let body;
-  try { body = JSON.parse(text); } catch (err) { return; }
+function kvTable(section, rows) {
+  const table = document.createElement("table");
+  table.className = "kv";
+  table.dataset.section = section;
+  for (const [k, v] of rows) {
+    const tr = document.createElement("tr");
+    const th = document.createElement("th"); th.textContent = visible(k);
+    const td = document.createElement("td"); td.textContent = visible(v);
+    tr.append(th, td); table.append(tr);
+  }
+  return table;
+}
+
+// The record's identity and sections as tables of dotted paths, from the bytes themselves.
+function renderSections(body, evidence) {
   const holder = $("sections");
   holder.replaceChildren();
+  if (body === null || typeof body !== "object") return;
+  const h = document.createElement("h3");
+  h.textContent = "identity";
+  holder.append(h, kvTable("identity", [
+    ["record_id", String(body.record_id)], ["leaf_index", String(evidence.leaf_index)],
+    ["created_at", String(body.created_at)], ["tenant", String(body.tenant)],
+    ["schema", String(body.schema)]]));
   for (const [section, value] of Object.entries(body)) {
     if (value === null || typeof value !== "object") continue;
-    const h = document.createElement("h3");
-    h.textContent = section;
-    const table = document.createElement("table");
-    table.className = "kv";
-    table.dataset.section = section;
+    const rows = [];
     const walk = (prefix, v) => {
       if (v !== null && typeof v === "object" && !Array.isArray(v)) {
         for (const [k, inner] of Object.entries(v)) walk(prefix ? `${prefix}.${k}` : k, inner);
         return;
       }
-      const tr = document.createElement("tr");
-      const th = document.createElement("th"); th.textContent = prefix;
-      const td = document.createElement("td"); td.textContent = JSON.stringify(v);
-      tr.append(th, td); table.append(tr);
+      rows.push([prefix, JSON.stringify(v)]);
     };
     walk("", value);
-    holder.append(h, table);
+    const title = document.createElement("h3");
+    title.textContent = visible(section);
+    holder.append(title, kvTable(section, rows));
   }
 }
 
-async function pinnedKey() {
-  const text = sessionStorage.getItem(PIN_STORAGE);
-  if (!text) return null;
+// --- pinned keys: kept for this browser session (every tab), gone when it closes ------
+
+function pinSession() {
+  const m = document.cookie.split("; ").find((c) => c.startsWith(PIN_COOKIE + "="));
+  return m ? m.slice(PIN_COOKIE.length + 1) : null;
+}
+
+function savePins(logText, witnessTexts) {
+  let session = pinSession();
+  if (!session) {
+    session = hex(crypto.getRandomValues(new Uint8Array(16)));
+    // No Max-Age: the browser drops it when its session ends, and with it the pins.
+    document.cookie = `${PIN_COOKIE}=${session}; path=/; SameSite=Strict`;
+  }
+  localStorage.setItem(PIN_STORAGE, JSON.stringify({ session, log: logText, witnesses: witnessTexts }));
+}
+
+function forgetPins() {
+  localStorage.removeItem(PIN_STORAGE);
+}
+
+async function pinnedKeys() {
+  const none = { log: null, witnesses: [] };
+  let saved;
+  try { saved = JSON.parse(localStorage.getItem(PIN_STORAGE) || "null"); } catch (err) { saved = null; }
+  if (!saved || saved.session !== pinSession()) { forgetPins(); return none; }
   try {
-    return await decodeVerifierKey(text);
+    return { log: await decodeVerifierKey(saved.log),
+             witnesses: await Promise.all((saved.witnesses || []).map(decodeWitnessKey)) };
   } catch (err) {
-    sessionStorage.removeItem(PIN_STORAGE);
-    return null;
+    forgetPins();
+    return none;
   }
 }
 
@@ -275,10 +461,11 @@ async function run() {
     verdict.textContent = "WebCrypto is unavailable: open the console over HTTPS (or loopback)";
     return;
   }
-  const pinned = await pinnedKey();
-  $("pinned-key").textContent = pinned ? pinned.text : "none";
+  const pins = await pinnedKeys();
+  $("pinned-key").textContent = pins.log ? pins.log.text : "none";
+  $("pinned-witnesses").textContent = pins.witnesses.length ? pins.witnesses.map((w) => w.text).join("\n") : "none";
   try {
-    await verify(JSON.parse($("evidence").textContent), pinned);
+    await verify(JSON.parse($("evidence").textContent), pins);
   } catch (err) {
     // Evidence this page cannot even read is a failure, never a pass.
     verdict.dataset.status = "fail";
@@ -289,9 +476,13 @@ async function run() {
 document.addEventListener("DOMContentLoaded", () => {
   $("pin-form").addEventListener("submit", async (event) => {
     event.preventDefault();
+    const witnessTexts = $("pin-witnesses").value.split("\n").map((l) => l.trim()).filter((l) => l);
     try {
-      const key = await decodeVerifierKey($("pin-key").value);
-      sessionStorage.setItem(PIN_STORAGE, key.text);
+      const log = await decodeVerifierKey($("pin-key").value);
+      const witnesses = await Promise.all(witnessTexts.map(decodeWitnessKey));
+      if (new Set(witnesses.map((w) => w.name)).size !== witnesses.length) throw new Error("the same witness name is given twice");
+      if (new Set(witnesses.map((w) => hex(w.keyHash))).size !== witnesses.length) throw new Error("the same witness key is given twice");
+      savePins(log.text, witnesses.map((w) => w.text));
     } catch (err) {
       $("pinned-key").textContent = `not pinned: ${err.message}`;
       return;
@@ -299,7 +490,7 @@ document.addEventListener("DOMContentLoaded", () => {
     await run();
   });
   $("unpin-button").addEventListener("click", async () => {
-    sessionStorage.removeItem(PIN_STORAGE);
+    forgetPins();
     await run();
   });
   run();

@@ -1,0 +1,178 @@
+"""The auditor's own console: pages and verification code from this install, evidence
+from the operator.
+
+A small standard-library HTTP server on loopback (no aiohttp: it runs on the auditor
+install). It renders the same pages as the operator's console
+(``inference_wrapper.server.console_pages``) but fetches only evidence from the operator's
+API, with the auditor's key, and serves ``verify.js`` from this install: the operator
+cannot change the code that decides (docs/decisions/0040).
+
+Only the browser that opened the URL printed at start (it carries a random launch token)
+gets in; the Host header must be the loopback address, so another web page cannot reach
+it through DNS rebinding.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from html import escape
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from inference_wrapper.server.console_pages import (
+    SECURITY_HEADERS,
+    error_main,
+    evidence_dict,
+    local_notice,
+    mirror_rows,
+    page_html,
+    record_main,
+    result_row,
+    static_asset,
+    template,
+)
+from ledger.client.sources import RecordNotFoundError, ServerSource, gather
+from ledger.errors import BackendError, BackendUnavailableError, InvalidInputError
+
+COOKIE = "alc_local"
+FILTERS = {"tenant": "tenant", "model_digest": "model digest",
+           "accelerator_model": "accelerator", "driver_version": "driver",
+           "service_revision": "service revision"}
+PAGE_LIMIT_MAX = 500
+NAV = '<nav><a href="/console">records</a> <span class="who">your own install</span></nav>'
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: bytes
+    content_type: str
+    headers: dict[str, str]
+
+
+def html_answer(status: int, title: str, main: str) -> Answer:
+    return Answer(status, page_html(title, main, NAV).encode(), "text/html; charset=utf-8",
+                  dict(SECURITY_HEADERS))
+
+
+def error_answer(status: int, title: str, detail: str, field: str | None = None) -> Answer:
+    return html_answer(status, title, error_main(status, title, detail, field))
+
+
+class LocalConsole:
+    """Routes of the local console; ``answer`` is pure apart from the source's fetches."""
+
+    def __init__(self, source: ServerSource, token: str | None = None) -> None:
+        self.source = source
+        self.token = token or secrets.token_urlsafe(24)
+
+    def answer(self, path: str, query: dict[str, str], cookie: str | None) -> Answer:
+        if path.startswith("/console/static/"):
+            asset = static_asset(path.rsplit("/", 1)[1])
+            if asset is None:
+                return error_answer(404, "Not found", "no such file")
+            return Answer(200, asset[0], asset[1], {"X-Content-Type-Options": "nosniff",
+                                                    "Cache-Control": "no-cache"})
+        if query.get("token") and hmac.compare_digest(query["token"], self.token):
+            return Answer(303, b"", "text/plain", {
+                "Location": path, "Set-Cookie": f"{COOKIE}={self.token}; Path=/; HttpOnly; "
+                                                "SameSite=Strict"})
+        if not (cookie and hmac.compare_digest(cookie, self.token)):
+            return error_answer(403, "Forbidden", "open the address that `audit-ledger "
+                                "console` printed when it started (it carries a launch token)")
+        try:
+            if path in ("/", "/console"):
+                return self.search(query)
+            if path.startswith("/console/records/"):
+                return self.record(urllib.parse.unquote(path.removeprefix("/console/records/")))
+        except BackendUnavailableError as exc:
+            return error_answer(502, "Bad Gateway", f"the operator's service cannot be "
+                                f"reached: {exc}")
+        except InvalidInputError as exc:
+            return error_answer(400, "Bad request", exc.reason, exc.field)
+        except BackendError as exc:
+            return error_answer(502, "Bad Gateway", f"the operator's service answered with "
+                                f"an error: {exc}")
+        return error_answer(404, "Not found", "no such page")
+
+    def search(self, query: dict[str, str]) -> Answer:
+        params = {k: v.strip() for k, v in query.items()
+                  if k in (*FILTERS, "since", "until", "cursor", "limit") and v.strip()}
+        limit = params.get("limit", "50")
+        if not limit.isdigit() or not 1 <= int(limit) <= PAGE_LIMIT_MAX:
+            return error_answer(400, "Bad search", f"must be a whole number from 1 to "
+                                f"{PAGE_LIMIT_MAX}", "limit")
+        params["limit"] = limit
+        page = self.source.get("/v1/records", **params)
+        rows = page.get("records") or []
+        next_cursor = page.get("next_cursor")
+        inputs = "".join(f'<label>{escape(label)} <input name="{name}" '
+                         f'value="{escape(params.get(name, ""))}"></label>'
+                         for name, label in FILTERS.items())
+        more = ""
+        if next_cursor:
+            href = "/console?" + urllib.parse.urlencode({**params, "cursor": next_cursor})
+            more = f'<a id="next-page" href="{escape(href)}">next page</a>'
+        main = template("search.html").substitute(
+            since=escape(params.get("since", "")), until=escape(params.get("until", "")),
+            limit=limit, inputs=inputs, rows="".join(result_row(r) for r in rows),
+            count=len(rows), more=more,
+            exports="export them with <code>audit-ledger export --server</code>")
+        return html_answer(200, "Records", main)
+
+    def record(self, record_id: str) -> Answer:
+        try:
+            evidence = gather(self.source, record_id, None)
+        except RecordNotFoundError:
+            return error_answer(404, "Not found", f"the operator has no record {record_id!r}")
+        row = self.source.get(f"/v1/records/{urllib.parse.quote(record_id, safe='')}")
+        skip = {"record", "canonical_base64"}
+        mirror = mirror_rows([(k, v) for k, v in row.items() if k not in skip and v is not None])
+        main = record_main(record_id, mirror, evidence_dict(evidence),
+                           local_notice(self.source.base_url))
+        return html_answer(200, f"Record {record_id}", main)
+
+
+def handler_for(console: LocalConsole, allowed_hosts: set[str]) -> Callable[..., Any]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "audit-ledger-console"
+
+        def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+            if self.headers.get("Host", "") not in allowed_hosts:
+                answer = error_answer(421, "Misdirected Request", "this console answers "
+                                      "only on its loopback address")
+            else:
+                url = urllib.parse.urlsplit(self.path)
+                query = dict(urllib.parse.parse_qsl(url.query))
+                cookies = {}
+                for part in self.headers.get("Cookie", "").split(";"):
+                    name, _, value = part.strip().partition("=")
+                    cookies[name] = value
+                answer = console.answer(url.path, query, cookies.get(COOKIE))
+            self.send_response(answer.status, HTTPStatus(answer.status).phrase
+                               if answer.status in HTTPStatus._value2member_map_ else None)
+            self.send_header("Content-Type", answer.content_type)
+            self.send_header("Content-Length", str(len(answer.body)))
+            for name, value in answer.headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(answer.body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass  # the auditor's terminal shows the address, not every request
+
+    return Handler
+
+
+def serve_console(console: LocalConsole, port: int) -> ThreadingHTTPServer:
+    """A server bound to 127.0.0.1 (call ``serve_forever``); port 0 picks a free one."""
+    server = ThreadingHTTPServer(("127.0.0.1", port), BaseHTTPRequestHandler)
+    bound = server.server_address[1]
+    server.RequestHandlerClass = handler_for(
+        console, {f"127.0.0.1:{bound}", f"localhost:{bound}"})
+    return server

@@ -1,0 +1,269 @@
+"""Windows, tiles and restore at 1,000,000 records.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/bench_window.py [--records 1000000]
+
+Builds a SQLite log of v1 audit records (one every 50 ms, three tenants), seals one
+checkpoint and has a witness cosign it, publishes it as tiles to a directory, serves that
+directory with a static HTTP server (a child process), then measures, each with the
+product's own commands:
+
+1. tiles served from the directory publisher: every entry bundle read over HTTP with 8
+   threads, entries per second (target >= 100,000/s);
+2. a proved window query over all records (`audit-ledger query --prove --tiles URL`,
+   time only, and again with a tenant filter) (target <= 30 s);
+3. `audit-ledger restore` of the whole log into an empty database, then `serve` on it
+   until it answers `/readyz` and `/tlog/checkpoint` (target <= 3 minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
+
+from ledger import merkle, tiles  # noqa: E402
+from ledger.checkpoint import Checkpoint, NoteSigner  # noqa: E402
+from ledger.cosignature import Cosigner, add_cosignatures  # noqa: E402
+from ledger.publish.directory import DirectorySink  # noqa: E402
+from ledger.publish.publisher import publish  # noqa: E402
+from ledger.store.keys import encode_signer_key  # noqa: E402
+from ledger.store.migrate import upgrade  # noqa: E402
+from ledger.store.sql import SqlLedger  # noqa: E402
+from tests.records import make_record  # noqa: E402
+
+ORIGIN = "bench.audit-ledger/window"
+BASE = datetime(2026, 11, 3, 0, 0, 0)
+STEP = timedelta(milliseconds=50)
+
+
+STATIC_SERVER = """
+import sys
+from aiohttp import web
+app = web.Application()
+app.router.add_static("/", sys.argv[1])
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[2]), print=None, access_log=None)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def record_maker() -> tuple[bytes, list[bytes]]:
+    """A canonical v1 record with its varying values cut out: filling same-length values
+    keeps it canonical (keys and shape unchanged), at a fraction of build_record's cost."""
+    marks = {"created_at": "2026-11-03T00:00:00.000Z", "tenant": "bank-7",
+             "input": "sha256:" + "1" * 64, "output": "sha256:" + "2" * 64}
+    record = make_record(0, tenant=marks["tenant"], padding=0, created_at=marks["created_at"])
+    body = record.canonical
+    body = body.replace(record.record_id.encode(), b"%(record_id)s")
+    body = body.replace(b'"sha256:' + b"0" * 64 + b'"', b'"%(input)s"')
+    body = body.replace(b'"sha256:' + b"0" * 63 + b'1"', b'"%(output)s"')
+    body = body.replace(marks["created_at"].encode(), b"%(created_at)s")
+    body = body.replace(b'"bank-7"', b'"%(tenant)s"')
+    return body, [record.record_id.encode()]
+
+
+def build(url: str, count: int, signer: NoteSigner, witness: Cosigner) -> bytes:
+    """The log's tables filled directly (one transaction), one checkpoint, cosigned."""
+    template, _ = record_maker()
+    path = url[len("sqlite:///"):]
+    compact = merkle.CompactRange()
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=OFF")
+    nodes: list[tuple[int, int, bytes]] = []
+    rows: list[tuple[object, ...]] = []
+    for i in range(count):
+        moment = BASE + STEP * i
+        stamp = moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+        record_id = f"01900000-0000-7000-8000-{i:012d}"
+        entry = template % {b"record_id": record_id.encode(), b"created_at": stamp.encode(),
+                            b"tenant": f"bank-{i % 3}".encode(),
+                            b"input": f"sha256:{i:064x}".encode(),
+                            b"output": f"sha256:{i + 1:064x}".encode()}
+        nodes.extend((lv, ix, h) for (lv, ix), h in compact.append(merkle.hash_leaf(entry)))
+        rows.append((i, record_id, moment.strftime("%Y-%m-%d %H:%M:%S.%f"),
+                     f"bank-{i % 3}", entry))
+        if len(rows) == 50_000 or i == count - 1:
+            conn.executemany("INSERT INTO tree_nodes (level, idx, hash) VALUES (?, ?, ?)",
+                             nodes)
+            conn.executemany("INSERT INTO records (leaf_index, record_id, created_at, tenant, "
+                             "canonical) VALUES (?, ?, ?, ?, ?)", rows)
+            nodes, rows = [], []
+    root = compact.root()
+    note = signer.sign_checkpoint(Checkpoint(ORIGIN, count, root))
+    conn.execute("UPDATE tree_state SET size = ?, root = ? WHERE id = 1", (count, root))
+    conn.execute("INSERT INTO checkpoints (size, root, note, sealed_at) VALUES (?, ?, ?, ?)",
+                 (count, root, note, "2026-11-04 00:00:00.000000"))
+    conn.commit()
+    conn.close()
+    return add_cosignatures(note, [witness.cosign(Checkpoint.peek(note).body(),
+                                                  1_790_000_000)])
+
+
+def read_all_bundles(prefix: str, size: int) -> tuple[int, float]:
+    """Every entry bundle over HTTP with 8 threads: (entries, seconds)."""
+    refs = [tiles.tile_for(0, n, size, entries=True)
+            for n in range((size + tiles.TILE_WIDTH - 1) // tiles.TILE_WIDTH)]
+
+    def fetch(ref: tiles.TileRef | None) -> int:
+        assert ref is not None
+        with urllib.request.urlopen(prefix + ref.path, timeout=60) as answer:
+            return len(tiles.decode_bundle(answer.read(), ref.width))
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        total = sum(pool.map(fetch, refs))
+    return total, time.perf_counter() - started
+
+
+def run_cli(args: list[str], env: dict[str, str], log: Path) -> tuple[float, str]:
+    started = time.perf_counter()
+    with open(log, "w") as out:
+        code = subprocess.call([sys.executable, "-m", "audit_cli.main", *args], env=env,
+                               stdout=out, stderr=subprocess.STDOUT)
+    elapsed = time.perf_counter() - started
+    text = log.read_text()
+    if code != 0:
+        raise SystemExit(f"audit-ledger {args[0]} failed ({code}):\n{text[-2000:]}")
+    return elapsed, text
+
+
+def serve_until_answering(tmp: Path, url: str, env: dict[str, str]) -> tuple[float, str]:
+    from inference_wrapper.engine.tiny import build_tiny_model
+
+    model_dir = tmp / "tiny"
+    if not model_dir.exists():
+        build_tiny_model(model_dir)
+    port = free_port()
+    started = time.perf_counter()
+    log = open(tmp / "serve.log", "w")  # noqa: SIM115 (closed below; never an unread pipe)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "audit_cli.main", "serve", "--port", str(port), "--db", url,
+         "--model-dir", str(model_dir), "--model-manifest", str(tmp / "tiny.manifest.json")],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        token = ""
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit("serve exited:\n" + (tmp / "serve.log").read_text()[-2000:])
+            match = re.search(r"auditor \(all tenants\):\s+(\S+)",
+                              (tmp / "serve.log").read_text())
+            token = match.group(1) if match else token
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5):
+                    pass
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/tlog/checkpoint",
+                    headers={"Authorization": f"Bearer {token}"})
+                with urllib.request.urlopen(request, timeout=5) as answer:
+                    checkpoint = answer.read().decode()
+                return time.perf_counter() - started, checkpoint
+            except OSError:
+                time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        log.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--dir", type=Path, help="work here instead of a temporary folder")
+    args = parser.parse_args()
+    count = args.records
+    print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    with tempfile.TemporaryDirectory(dir=args.dir) as name:
+        tmp = Path(name)
+        key = Ed25519PrivateKey.generate()
+        signer = NoteSigner(ORIGIN, key)
+        witness = Cosigner("witness.bench", Ed25519PrivateKey.generate())
+        home = tmp / "home"
+        home.mkdir()
+        (home / "log.key").write_text(encode_signer_key(ORIGIN, key) + "\n")
+        (home / "log.key").chmod(0o600)
+        env = dict(os.environ, AUDIT_LEDGER_HOME=str(home), PYTHONUNBUFFERED="1",
+                   AUDIT_LEDGER_ORIGIN=ORIGIN, PYTHONPATH=str(Path(__file__).parents[1]))
+        trust = ["--log-key", signer.verifier().encode(), "--witness",
+                 witness.witness_key.encode()]
+
+        url = f"sqlite:///{tmp / 'log.db'}"
+        upgrade(url)
+        started = time.perf_counter()
+        note = build(url, count, signer, witness)
+        print(f"built a log of {count:,} v1 records in {time.perf_counter() - started:.1f} s "
+              f"(setup, not measured against a target)")
+
+        ledger = SqlLedger(url)
+        started = time.perf_counter()
+        published = publish(ledger.engine, note, DirectorySink(tmp / "tlog"))
+        ledger.engine.dispose()
+        print(f"published {published.files:,} tiles and bundles to a directory in "
+              f"{time.perf_counter() - started:.1f} s")
+
+        port = free_port()
+        with open(tmp / "http.log", "w") as http_log:
+            server = subprocess.Popen(  # a static file server (sendfile), as any host is
+                [sys.executable, "-c", STATIC_SERVER, str(tmp / "tlog"), str(port)],
+                stdout=http_log, stderr=subprocess.STDOUT)
+            try:
+                prefix = f"http://127.0.0.1:{port}/"
+                for _ in range(200):
+                    try:
+                        urllib.request.urlopen(prefix + "checkpoint", timeout=1).close()
+                        break
+                    except OSError:
+                        time.sleep(0.05)
+                entries, seconds = read_all_bundles(prefix, count)
+                print(f"1. tiles served from the directory publisher (aiohttp static files):"
+                      f" {entries:,} entries in {seconds:.1f} s = {entries / seconds:,.0f} "
+                      "entries/s (target >= 100,000/s)")
+
+                last = BASE + STEP * (count - 1)
+                since = BASE.isoformat()
+                until = (last - timedelta(minutes=5, seconds=1)).isoformat()
+                for extra, what in (([], "time only"), (["--tenant", "bank-1"],
+                                                        "tenant filter")):
+                    seconds, out = run_cli(["query", "--prove", "--limit", "10", "--tiles",
+                                            prefix, "--since", since, "--until", until,
+                                            *extra, *trust], env, tmp / "query.log")
+                    print(f"2. proved window query over all records ({what}): {seconds:.1f} s "
+                          f"(target <= 30 s)\n   {out.strip().splitlines()[-1]}")
+            finally:
+                server.terminate()
+                server.wait(30)
+
+        restored = f"sqlite:///{tmp / 'restored.db'}"
+        restore_s, out = run_cli(["restore", "--from", str(tmp / "tlog"), "--db", restored,
+                                  *trust], env, tmp / "restore.log")
+        print(f"3. restore of {count:,} records: {restore_s:.1f} s\n   "
+              f"{out.strip().splitlines()[-1]}")
+        serve_s, checkpoint = serve_until_answering(tmp, restored, env)
+        print(f"   serve on it answering /readyz and /tlog/checkpoint: {serve_s:.1f} s "
+              f"(tree size {checkpoint.splitlines()[1]})")
+        print(f"   restore + serve answering: {restore_s + serve_s:.1f} s "
+              "(target <= 180 s)")
+        print(f"load average after: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""An evidence bundle written a page at a time, for exports that must not hold it all.
+
+The same JSON as ``ledger.bundle.Bundle.to_json`` (``Bundle.loads`` reads it), produced as
+chunks: the header first, then the entries, one page of mirror rows at a time, so a
+40,000-record export holds one page in memory, not the bundle.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from datetime import datetime
+
+from sqlalchemy import func, select
+
+from ledger.anchor.store import SqlAnchorStore
+from ledger.bundle import BUNDLE_FORMAT
+from ledger.client.exporter import DEFAULT_EARLIER_SIZES
+from ledger.errors import BackendError
+from ledger.store.schema import records
+from ledger.store.sql import SqlLedger
+from ledger.witness.cosignatures import cosigned_note
+
+PAGE = 500
+
+
+def count_matching(ledger: SqlLedger, since: datetime | None, until: datetime | None,
+                   filters: dict[str, str]) -> int:
+    """How many mirror rows a bundle of this search would hold (before it is written)."""
+    statement = select(func.count()).select_from(records)
+    if since is not None:
+        statement = statement.where(records.c.created_at >= since)
+    if until is not None:
+        statement = statement.where(records.c.created_at < until)
+    for name, value in filters.items():
+        statement = statement.where(records.c[name] == value)
+    with ledger.engine.connect() as conn:
+        return int(conn.execute(statement).scalar() or 0)
+
+
+def bundle_chunks(ledger: SqlLedger, since: datetime | None, until: datetime | None,
+                  filters: dict[str, str]) -> Iterator[str]:
+    """The bundle of the matching records at the latest checkpoint, as text chunks. The
+    header (checkpoint, anchor, proofs from the latest earlier sizes) comes first."""
+    latest = ledger.latest_checkpoint()
+    if latest is None:
+        raise BackendError("the log has no checkpoint yet")
+    anchored = SqlAnchorStore(ledger).latest()
+    anchor = None
+    if anchored is not None:
+        low, high = sorted((anchored.size, latest.size))
+        proof = ledger.consistency_proof(low, high) if low < high else []
+        anchor = {"checkpoint": anchored.note.decode(), "ref": anchored.ref,
+                  "consistency": [h.hex() for h in proof]}
+    earlier = [c.size for c in ledger.iter_checkpoints() if 1 <= c.size < latest.size]
+    header = {
+        "format": BUNDLE_FORMAT, "origin": latest.note.split(b"\n", 1)[0].decode(),
+        "log_key": "", "checkpoint": cosigned_note(ledger, latest.size, latest.note).decode(),
+        "anchor": anchor,
+        "consistency_from": {str(s): [h.hex() for h in ledger.consistency_proof(s, latest.size)]
+                             for s in earlier[-DEFAULT_EARLIER_SIZES:]},
+    }
+    yield json.dumps(header)[:-1] + ', "entries": [\n'
+    first, cursor = True, None
+    while True:
+        rows, cursor = ledger.query(since=since, until=until, limit=PAGE, cursor=cursor,
+                                    **filters)
+        entries = [json.dumps({"record_id": r.record_id, "leaf_index": r.leaf_index,
+                               "canonical": base64.b64encode(r.canonical).decode(),
+                               "inclusion_proof": [h.hex() for h in ledger.inclusion_proof(
+                                   r.leaf_index, latest.size)]})
+                   for r in rows if r.leaf_index < latest.size]
+        if entries:
+            yield ("" if first else ",\n") + ",\n".join(entries)
+            first = False
+        if cursor is None:
+            break
+    yield "\n]}\n"

@@ -40,9 +40,11 @@ def run(args: argparse.Namespace) -> int:
         log_size, _ = ledger.tree_head()
         # Every typed column travels with the row: audit_range recomputes each one.
         rows = (MirrorRow(r.leaf_index, r.record_id, r.created_at, r.canonical,
-                          dict(r.columns, tenant=r.tenant))
+                          dict(r.columns, tenant=r.tenant,
+                               environment_index=r.environment_index), r.body)
                 for r in ledger.iter_records())
-        report = audit_range(rows, checkpoint, since, until, log_size=log_size)
+        report = audit_range(rows, checkpoint, since, until, log_size=log_size,
+                             environments=ledger.environments())
         # A tail truncated or rewritten behind the checkpoint this auditor saw last.
         divergence = memory.check(ledger)
     if divergence is not None:

@@ -26,16 +26,14 @@ from ledger.canonical import parse_strict
 from ledger.client import safe_http
 from ledger.client.sources import MalformedAnswerError
 from ledger.content_records import check_purpose
-from ledger.digest import commitment_matches
 from ledger.errors import (
     BackendError,
     BackendUnavailableError,
     CanonicalFormError,
     InvalidInputError,
 )
-from ledger.record import AuditRecord
 from ledger.vault_errors import ContentErasedError, ContentNotRetainedError
-from ledger.verify import CHECK_NAMES
+from ledger.verify import CHECK_NAMES, opens_commitment
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +90,9 @@ def _read(args: argparse.Namespace, purpose: str) -> tuple[dict[str, Any], bytes
                 if not isinstance(answer[name], str):
                     raise TypeError(f"{name} is not a string")
             bytes.fromhex(answer["input_salt"]) + bytes.fromhex(answer["output_salt"])
-            return answer, base64.b64decode(record["canonical_base64"], validate=True)
+            # A v2 record's commitments are in its body; a v1 record's bytes are it.
+            return answer, base64.b64decode(record.get("body_base64")
+                                            or record["canonical_base64"], validate=True)
         except (KeyError, TypeError, ValueError) as exc:
             raise MalformedAnswerError(f"the server's answer lacks a valid field "
                                        f"({type(exc).__name__}: {exc})") from exc
@@ -110,7 +110,7 @@ def _read(args: argparse.Namespace, purpose: str) -> tuple[dict[str, Any], bytes
             "prompt": content.prompt, "output": content.output,
             "input_salt": content.input_salt.hex(), "output_salt": content.output_salt.hex(),
             "access_record_id": result.access_record_id,
-            "access_leaf_index": result.access_leaf_index}, row.canonical
+            "access_leaf_index": result.access_leaf_index}, row.leaf_body
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,11 +119,13 @@ def run(args: argparse.Namespace) -> int:
     purpose = check_purpose(args.purpose)
     answer, canonical = _read(args, purpose)
     # Check 5 (ledger.verify): the decrypted texts and salts open the record's commitments.
-    data = AuditRecord.from_canonical(canonical).body.get("data", {})
-    opened_prompt = commitment_matches(str(data.get("input_commitment", "")),
-                                       bytes.fromhex(answer["input_salt"]), answer["prompt"])
-    opened_output = commitment_matches(str(data.get("output_commitment", "")),
-                                       bytes.fromhex(answer["output_salt"]), answer["output"])
+    body = parse_strict(canonical)
+    opened_prompt = opens_commitment(body, "input_commitment",
+                                     bytes.fromhex(answer["input_salt"]),
+                                     answer["prompt"].encode("utf-8"))
+    opened_output = opens_commitment(body, "output_commitment",
+                                     bytes.fromhex(answer["output_salt"]),
+                                     answer["output"].encode("utf-8"))
     ok = opened_prompt and opened_output
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

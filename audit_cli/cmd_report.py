@@ -32,6 +32,7 @@ from audit_cli.evidence import add_key_option, pinned_verifier
 from audit_cli.filters import parse_time
 from audit_cli.options import print_json
 from ledger.errors import BackendError, InvalidInputError, LedgerError
+from ledger.leaves.record_v2 import RECORD_KIND
 from ledger.record import RECORD_SCHEMA
 
 COUNTED = (("model", "model"), ("tenant", "tenant"), ("accelerator", "accelerator"))
@@ -127,8 +128,11 @@ def gather(args: argparse.Namespace) -> ReportData:
         trusted = verifier.open_checkpoint(latest.note, verifier.name)
         log_size, _ = ledger.tree_head()
         rows = (MirrorRow(r.leaf_index, r.record_id, r.created_at, r.canonical,
-                          dict(r.columns, tenant=r.tenant)) for r in ledger.iter_records())
-        audit = audit_range(rows, trusted, since, until, log_size=log_size)
+                          dict(r.columns, tenant=r.tenant,
+                               environment_index=r.environment_index), r.body)
+                for r in ledger.iter_records())
+        audit = audit_range(rows, trusted, since, until, log_size=log_size,
+                            environments=ledger.environments())
         data = ReportData(since, until, args.tenant, datetime.now(UTC).replace(tzinfo=None),
                           _redacted(args.db), verifier.name, verifier.encode(), log_size,
                           latest.size, audit)
@@ -152,8 +156,8 @@ def gather(args: argparse.Namespace) -> ReportData:
             page, cursor = ledger.query(since=since, until=until, limit=5000, cursor=cursor,
                                         tenant=args.tenant)
             for r in page:
-                body = json.loads(r.canonical)
-                if body.get("schema") != RECORD_SCHEMA:
+                body = json.loads(r.leaf_body)
+                if body.get("schema") not in (RECORD_SCHEMA, RECORD_KIND):
                     # Access, erasure, stream-start and report leaves have no inference
                     # fingerprints: counted apart, or they would read as fingerprint changes.
                     data.other_leaves[str(body.get("schema"))] += 1

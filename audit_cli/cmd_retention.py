@@ -167,6 +167,8 @@ def _report(args: argparse.Namespace, vault: Any, journal: Any) -> None:
     while ids:
         page, cursor = journal.query(tenant=args.tenant, limit=1000, cursor=cursor)
         for row in page:
+            if row.body is not None:  # a v2 leaf: never an access or erasure record
+                continue
             body = AuditRecord.from_canonical(row.canonical).body
             if body["schema"] == ACCESS_SCHEMA and body["access"]["record_id"] in ids:
                 reads.append({"leaf_index": row.leaf_index, "at": body["created_at"],

@@ -26,6 +26,8 @@ from ledger.client.sources import RecordNotFoundError, gather
 from ledger.cosignature import WitnessKey
 from ledger.error_map import EXIT_CHECK_FAILED, EXIT_OK
 from ledger.errors import InvalidInputError, LedgerError
+from ledger.leaves.environment import fingerprints
+from ledger.leaves.record_v2 import RECORD_KIND
 from ledger.record import RECORD_SCHEMA
 from ledger.verify import (
     SELF_ANCHORED,
@@ -60,6 +62,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replay", action="store_true",
                         help="re-run the model named by the record and compare (needs torch)")
     parser.add_argument("--model-dir", type=Path, help="model directory for --replay")
+    parser.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                        help="--replay of a v2 record: the request's stop strings, in order "
+                        "(the record holds them only as a commitment)")
     parser.add_argument("--model-manifest", type=Path)
     trust = parser.add_argument_group(
         "who vouches for the checkpoint (check 4): a Fabric anchor, witnesses, or, "
@@ -154,13 +159,17 @@ def _print_verdict(verdict: Verdict) -> None:
     print(f"record {verdict.record_id}")
     for check in verdict.checks:
         print(f"  [{marks[check.status]}] {check.number}. {check.name}: {check.reason}")
+    if verdict.environment is not None:  # v2: the fingerprints are the environment leaf's
+        print("  environment (from its own leaf, checked in 1 and 2):")
+        for name, value in fingerprints(verdict.environment).items():
+            print(f"    {name}: {value}")
     print(verdict.summary)
 
 
 def _replay_check(verdict: Verdict, args: argparse.Namespace, prompt: bytes | None) -> None:
     if not args.replay or verdict.record is None or verdict.failed:
         return
-    if verdict.record.get("schema") != RECORD_SCHEMA:
+    if verdict.record.get("schema") not in (RECORD_SCHEMA, RECORD_KIND):
         raise InvalidInputError("--replay", f"replay re-runs a generate call; this leaf is "
                                 f"a {verdict.record.get('schema')!r}")
     if prompt is None:
@@ -169,10 +178,18 @@ def _replay_check(verdict: Verdict, args: argparse.Namespace, prompt: bytes | No
         text = prompt.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidInputError("--prompt-file", "--replay needs a UTF-8 prompt") from exc
-    from inference_wrapper.audit.replay import replay
+    from inference_wrapper.audit.replay import replay, replay_v2
 
-    result = replay(verdict.record, text, model_dir=args.model_dir,
-                    manifest_path=args.model_manifest)
+    if verdict.record.get("schema") == RECORD_KIND:
+        assert verdict.environment is not None  # check 1 opened it
+        result = replay_v2(verdict.record, verdict.environment, text,
+                           input_salt=_salt(args.input_salt, "--input-salt"),
+                           output_salt=_salt(args.output_salt, "--output-salt"),
+                           stop=tuple(args.stop), model_dir=args.model_dir,
+                           manifest_path=args.model_manifest)
+    else:
+        result = replay(verdict.record, text, model_dir=args.model_dir,
+                        manifest_path=args.model_manifest)
     why = "; ".join(result.differences) or "no fingerprint differs"
     if result.reproduced:
         verdict.checks.append(Check(6, True, f"output token digest reproduced "

@@ -1,4 +1,5 @@
-"""The audit work of one call, in CPU time, at batch size 1 and 32 (issue 10's <= 0.1 ms).
+"""The audit work of one call, in CPU time, at batch size 1 and 32, for v1 records and for
+audit-record/v2 leaves side by side (issue 10's <= 0.1 ms; issue 20's v2 <= 60 us at 32).
 
     .venv/bin/python bench/bench_audit_work.py [--calls 3200] [--rounds 5]
 
@@ -26,10 +27,11 @@ from pathlib import Path
 
 import torch
 
-from inference_wrapper.audit.generator import AuditedGenerator, BatchResult
+from inference_wrapper.audit.generator import AuditedGenerator, BatchResult, LogBinding
 from inference_wrapper.engine.model import load_model
 from inference_wrapper.engine.params import GenerationParams
 from inference_wrapper.engine.tiny import build_tiny_model
+from ledger.leaves.record_v2 import EnvironmentRef
 from ledger.store.migrate import upgrade
 from ledger.store.sql import SqlLedger
 
@@ -52,12 +54,19 @@ def main() -> None:
         print(f"tiny model, {args.new_tokens} new tokens, best of {args.rounds} rounds, "
               "CPU microseconds per call")
         with SqlLedger(url) as ledger:
+            environment = generator.environment_leaf()
+            receipt = ledger.append(environment)
+            v2 = LogBinding("bench.audit-ledger/log")
+            v2.bind(generator.environment(),
+                    EnvironmentRef(receipt.leaf_index, environment.leaf_hash))
             for size in (1, 32):
-                measure_size(generator, ledger, params, size, args.calls, args.rounds)
+                for log in (None, v2):
+                    measure_size(generator, ledger, params, size, args.calls, args.rounds,
+                                 log)
 
 
 def measure_size(generator: AuditedGenerator, ledger: SqlLedger, params: GenerationParams,
-                 size: int, wanted_calls: int, rounds: int) -> None:
+                 size: int, wanted_calls: int, rounds: int, log: LogBinding | None) -> None:
     batches = max(1, wanted_calls // size)
     requests = [[generator.prepare(f"{PROMPT} ({b}.{i})", params, "bench")
                  for i in range(size)] for b in range(batches)]
@@ -67,12 +76,14 @@ def measure_size(generator: AuditedGenerator, ledger: SqlLedger, params: Generat
     a = best_of(rounds, lambda: cpu_of(
         lambda: [generator.run_batch(batch) for batch in requests[:gen_batches]]))
     a /= gen_batches * size
-    b = best_of(rounds, lambda: cpu_of(lambda: [generator.seal(r) for r in results])) / calls
-    c = best_of(rounds, lambda: append_cpu(ledger, generator, results)) / calls
+    b = best_of(rounds, lambda: cpu_of(lambda: [generator.seal(r, log) for r in results])
+                ) / calls
+    c = best_of(rounds, lambda: append_cpu(ledger, generator, results, log)) / calls
     d = best_of(rounds, lambda: cpu_of(
         lambda: [generator.prepare(f"{PROMPT} ({n})", params, "bench")
                  for n in range(calls)])) / calls
-    print(f"batch {size:2d}: (a) generate {a:8.1f}  (b) seal {b:6.1f}  (c) append {c:6.1f}"
+    print(f"{'v2' if log else 'v1'} batch {size:2d}: (a) generate {a:8.1f}  (b) seal {b:6.1f}"
+          f"  (c) append {c:6.1f}"
           f"  -> audit work (b)+(c) {b + c:6.1f} us = {(b + c) / a:.2%} of generate"
           f"  [(d) prepare {d:6.1f}, shared]", flush=True)
 
@@ -89,10 +100,10 @@ def best_of(rounds: int, measure: Callable[[], float]) -> float:
 
 
 def append_cpu(ledger: SqlLedger, generator: AuditedGenerator,
-               results: list[BatchResult]) -> float:
+               results: list[BatchResult], log: LogBinding | None) -> float:
     """Durable appends of fresh records (ids are unique), a batch per group as the
     batcher makes them: one transaction and one fsync per batch; the sealing is not timed."""
-    batches = [[output.record for output in generator.seal(result)] for result in results]
+    batches = [[output.record for output in generator.seal(result, log)] for result in results]
 
     def append() -> None:
         for records in batches:

@@ -76,7 +76,7 @@ def serve_bare(port: int, model_dir: str, manifest: str, layout: str) -> None:
         def __getattr__(self, name: str) -> Any:
             return getattr(generator, name)
 
-        def seal(self, batch: Any) -> list[Any]:
+        def seal(self, batch: Any, log: Any = None) -> list[Any]:
             return [type("Out", (), {"text": t, "record": None})() for t in batch.result.texts]
 
     class NoJournal:
@@ -130,9 +130,9 @@ def start_service(args: list[str], env: dict[str, str]) -> tuple[subprocess.Pope
     return proc, token
 
 
-async def wait_ready(base: str) -> None:
+async def wait_ready(base: str, timeout_s: float = 600.0) -> None:
     async with aiohttp.ClientSession() as session:
-        for _ in range(1200):  # two minutes: a loaded machine loads torch slowly
+        for _ in range(int(timeout_s * 10)):  # a loaded machine loads torch slowly
             try:
                 async with session.get(f"{base}/readyz") as response:
                     if response.status == 200:
@@ -213,11 +213,12 @@ def child_pids(pid: int) -> list[int]:
 
 
 def process_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds of a server process and of each of its engine processes."""
+    """CPU seconds of a server process and of each of its children (engine processes and
+    their idle warm reserves)."""
     cpu = {"api": cpu_seconds(pid)}
     for index, child in enumerate(sorted(child_pids(pid))):
         try:
-            cpu[f"engine {index}"] = cpu_seconds(child)
+            cpu[f"child {index}"] = cpu_seconds(child)
         except OSError:  # it has just exited
             continue
     return cpu

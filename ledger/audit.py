@@ -21,6 +21,10 @@ from ledger import merkle
 from ledger.canonical import parse_strict
 from ledger.checkpoint import Checkpoint
 from ledger.errors import LedgerError
+from ledger.leaves.envelope import Leaf, is_envelope
+from ledger.leaves.environment import ENVIRONMENT_KIND, environment_columns
+from ledger.leaves.kinds import open_leaf
+from ledger.leaves.mirror import leaf_columns
 from ledger.record import AuditRecord, mirror_columns, validate_body
 
 # Finding kinds (stable names, listed in the README):
@@ -29,6 +33,9 @@ RECORD_UNPARSEABLE = "record_unparseable"  # stored bytes are not a canonical v1
 ROWS_MISSING = "rows_missing"  # leaves the checkpoint covers have no mirror row
 ROW_EXTRA = "row_extra"  # a mirror row beyond the log's size
 ROOT_MISMATCH = "root_mismatch"  # the rebuilt root is not the signed one
+# An environments row disagrees with its environment leaf's bytes, is missing, names no
+# environment leaf, or a v2 record names a leaf that is no environment.
+ENVIRONMENT_MISMATCH = "environment_mismatch"
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,7 @@ class MirrorRow:
     created_at: datetime  # the typed column, naive UTC
     canonical: bytes
     columns: Mapping[str, Any] | None = None
+    body: bytes | None = None  # a v2 leaf's body (``canonical`` is its envelope)
 
 
 @dataclass(frozen=True)
@@ -101,26 +109,48 @@ def open_record(canonical: bytes, *, strict: bool = False) -> AuditRecord:
     return AuditRecord(body, canonical, b"")  # the leaf hash is not needed here
 
 
+def open_row(canonical: bytes, body: bytes | None, origin: str, *, strict: bool = False
+             ) -> AuditRecord | Leaf:
+    """A row's leaf: a v1 record (``open_record``), or a v2 envelope opened with its body
+    (decision 0026)."""
+    if is_envelope(canonical):
+        if body is None:
+            raise LedgerError("the leaf is a v2 envelope and the row holds no body")
+        return open_leaf(canonical, body, origin, strict=strict)
+    if body is not None:
+        raise LedgerError("a v1 record's row holds a body")
+    return open_record(canonical, strict=strict)
+
+
+def expected_columns(opened: AuditRecord | Leaf) -> dict[str, Any]:
+    """Every typed column of a row, as its leaf's bytes define them."""
+    if isinstance(opened, Leaf):
+        return leaf_columns(opened)
+    return {**mirror_columns(opened), "environment_index": None}
+
+
 def column_findings(leaf_index: int, record_id: str, canonical: bytes,
                     stored: Mapping[str, Any], *, all_columns: bool = True,
-                    strict: bool = False) -> list[AuditFinding]:
+                    strict: bool = False, body: bytes | None = None, origin: str = ""
+                    ) -> list[AuditFinding]:
     """Every typed column of one row recomputed from its bytes; one finding per column
     that disagrees (``stored`` maps column names to the row's values). With
-    ``all_columns`` False only the columns present in ``stored`` are compared."""
+    ``all_columns`` False only the columns present in ``stored`` are compared.
+    ``body``/``origin``: a v2 leaf's body and the log's origin (its tenant tag)."""
     try:
-        record = open_record(canonical, strict=strict)
+        record = open_row(canonical, body, origin, strict=strict)
     except LedgerError as exc:
         return [AuditFinding(RECORD_UNPARSEABLE, f"leaf {leaf_index} (record {record_id}): "
                              f"stored bytes are not a record: {exc}", leaf_index, record_id)]
     return compare_columns(leaf_index, record_id, record, stored, all_columns=all_columns)
 
 
-def compare_columns(leaf_index: int, record_id: str, record: AuditRecord,
+def compare_columns(leaf_index: int, record_id: str, record: AuditRecord | Leaf,
                     stored: Mapping[str, Any], *, all_columns: bool = True
                     ) -> list[AuditFinding]:
     where = f"leaf {leaf_index} (record {record_id})"
     findings = []
-    for name, said in mirror_columns(record).items():
+    for name, said in expected_columns(record).items():
         if not all_columns and name not in stored:
             continue
         value = stored.get(name)
@@ -138,11 +168,13 @@ def compare_columns(leaf_index: int, record_id: str, record: AuditRecord,
     return findings
 
 
-def _check_row(row: MirrorRow, report: AuditReport) -> datetime | None:
+def _check_row(row: MirrorRow, report: AuditReport, origin: str,
+               environments: Mapping[int, Mapping[str, Any]] | None,
+               environment_leaves: dict[int, dict[str, Any]]) -> datetime | None:
     """Compare the row's columns with its bytes; returns the record's own time."""
     stored = dict(row.columns or {}, record_id=row.record_id, created_at=row.created_at)
     try:
-        record = open_record(row.canonical)
+        record = open_row(row.canonical, row.body, origin)
     except LedgerError as exc:
         report.findings.append(AuditFinding(
             RECORD_UNPARSEABLE, f"leaf {row.leaf_index} (record {row.record_id}): stored "
@@ -150,17 +182,55 @@ def _check_row(row: MirrorRow, report: AuditReport) -> datetime | None:
         return None
     report.findings.extend(compare_columns(row.leaf_index, row.record_id, record, stored,
                                            all_columns=row.columns is not None))
+    if environments is not None and isinstance(record, Leaf):
+        _check_environment(row, record, environments, environment_leaves, report)
     try:
         return naive_utc(record.created_at)
     except ValueError:
         return None
 
 
+def _check_environment(row: MirrorRow, leaf: Leaf,
+                       environments: Mapping[int, Mapping[str, Any]],
+                       environment_leaves: dict[int, dict[str, Any]],
+                       report: AuditReport) -> None:
+    """An environment leaf's ``environments`` row is recomputed from its bytes; a v2
+    record must name an environment leaf before it (rows come in leaf order)."""
+    where = f"leaf {row.leaf_index} (record {row.record_id})"
+    if leaf.kind == ENVIRONMENT_KIND:
+        expected = environment_columns(leaf.content)
+        environment_leaves[row.leaf_index] = expected
+        stored = environments.get(row.leaf_index)
+        if stored is None:
+            report.findings.append(AuditFinding(
+                ENVIRONMENT_MISMATCH, f"{where}: the environment leaf has no environments "
+                "row", row.leaf_index, row.record_id))
+            return
+        for name, said in expected.items():
+            if stored.get(name) != said:
+                report.findings.append(AuditFinding(
+                    ENVIRONMENT_MISMATCH, f"{where}: environments column {name} is "
+                    f"{_show(stored.get(name))!r}, the environment leaf says {said!r}",
+                    row.leaf_index, row.record_id, name, _show(stored.get(name)), said))
+        return
+    named = leaf.content.get("environment")
+    if named is not None and named["leaf_index"] not in environment_leaves:
+        report.findings.append(AuditFinding(
+            ENVIRONMENT_MISMATCH, f"{where}: the record names leaf {named['leaf_index']} as "
+            "its environment, which is no environment leaf before it",
+            row.leaf_index, row.record_id, "environment_index"))
+
+
 def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: datetime,
-                until: datetime, log_size: int | None = None) -> AuditReport:
+                until: datetime, log_size: int | None = None,
+                environments: Mapping[int, Mapping[str, Any]] | None = None) -> AuditReport:
     """``rows`` in leaf order; ``log_size``: how many entries the log holds (rows beyond
-    it are not in the log). ``checkpoint`` must already be signature-checked."""
+    it are not in the log). ``checkpoint`` must already be signature-checked (its origin
+    is the log's, which v2 tenant tags depend on). ``environments``: the stored
+    ``environments`` rows by leaf index, each recomputed from its leaf's bytes (None:
+    not checked)."""
     report = AuditReport(checkpoint.size)
+    environment_leaves: dict[int, dict[str, Any]] = {}
     compact = merkle.CompactRange()
     expected = 0
     for row in rows:
@@ -173,7 +243,7 @@ def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: dateti
         report.rows_checked += 1
         # Columns are checked on every row, covered or not: they must say what the
         # bytes say whether or not a checkpoint vouches for the bytes yet.
-        moment = _check_row(row, report)
+        moment = _check_row(row, report, checkpoint.origin, environments, environment_leaves)
         if row.leaf_index >= checkpoint.size:
             if since <= row.created_at < until:
                 report.uncovered += 1
@@ -187,6 +257,10 @@ def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: dateti
         expected += 1
         if moment is not None and since <= moment < until:
             report.in_range += 1
+    for index in sorted(set(environments or {}) - set(environment_leaves)):
+        report.findings.append(AuditFinding(
+            ENVIRONMENT_MISMATCH, f"environments row {index} names no environment leaf",
+            index))
     if expected < checkpoint.size:
         report.findings.append(AuditFinding(
             ROWS_MISSING, f"mirror rows missing for leaves {expected}..{checkpoint.size - 1}",

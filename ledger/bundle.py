@@ -13,9 +13,16 @@ Format ``audit-ledger-bundle/v2`` (all hashes hex, record bytes base64)::
       "consistency_from": {"<earlier size>": ["<hex>", ...], ...},
       "entries": [
         {"record_id": "...", "leaf_index": 7, "canonical": "<base64 of the exact bytes>",
-         "inclusion_proof": ["<hex>", ...]}
-      ]
+         "inclusion_proof": ["<hex>", ...],
+         "body": "<base64>", "environment_index": 3}    (v2 leaves only)
+      ],
+      "environments": {"3": {"envelope": "<base64>", "body": "<base64>",
+                             "inclusion_proof": ["<hex>", ...]}}   (when any)
     }
+
+A v2 leaf's ``canonical`` is its envelope and ``body`` its body (decision 0026); each
+environment leaf a v2 record names is carried once, under ``environments``, with its own
+inclusion proof to the bundle's checkpoint.
 
 ``anchor.consistency`` links the bundle's checkpoint and the anchored one (smaller size
 first). ``consistency_from`` holds, for each earlier checkpoint size the log published
@@ -37,7 +44,7 @@ from typing import Any
 from ledger.canonical import parse_strict, strict_int
 from ledger.checkpoint import Checkpoint
 from ledger.errors import InvalidInputError, LedgerError
-from ledger.verify import Evidence
+from ledger.verify import Evidence, LeafEvidence
 
 BUNDLE_FORMAT = "audit-ledger-bundle/v2"
 READABLE_FORMATS = ("audit-ledger-bundle/v1", BUNDLE_FORMAT)
@@ -54,6 +61,8 @@ class BundleEntry:
     leaf_index: int
     canonical: bytes
     inclusion_proof: Sequence[bytes]
+    body: bytes | None = None  # a v2 leaf's body
+    environment_index: int | None = None  # the environment leaf a v2 record names
     # Why the entry could not be read (its record then fails check 1; the others are
     # still judged). None for a well-formed entry.
     problem: str | None = None
@@ -70,6 +79,8 @@ class Bundle:
     anchor_consistency: Sequence[bytes] = ()
     # Earlier checkpoint size -> consistency proof from it to this bundle's checkpoint.
     consistency_from: Mapping[int, Sequence[bytes]] = field(default_factory=dict)
+    # The environment leaves the v2 entries name, each once, by leaf index.
+    environments: Mapping[int, LeafEvidence] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -90,10 +101,13 @@ class Bundle:
                 "consistency": [h.hex() for h in self.anchor_consistency]},
             "consistency_from": {str(size): [h.hex() for h in proof]
                                  for size, proof in sorted(self.consistency_from.items())},
-            "entries": [{"record_id": e.record_id, "leaf_index": e.leaf_index,
-                         "canonical": base64.b64encode(e.canonical).decode(),
-                         "inclusion_proof": [h.hex() for h in e.inclusion_proof]}
-                        for e in self.entries],
+            "entries": [_entry_json(e) for e in self.entries],
+            **({"environments": {str(index): {
+                "envelope": base64.b64encode(leaf.envelope).decode(),
+                "body": base64.b64encode(leaf.body).decode(),
+                "inclusion_proof": [h.hex() for h in leaf.inclusion_proof]}
+                for index, leaf in sorted(self.environments.items())}}
+               if self.environments else {}),
         }
 
     def dumps(self) -> str:
@@ -122,6 +136,7 @@ class Bundle:
                 log_key=_text(data["log_key"], "log_key"),
                 checkpoint=_text(data["checkpoint"], "checkpoint").encode(),
                 entries=[_entry(number, e) for number, e in enumerate(entries)],
+                environments=_environments(data.get("environments", {})),
                 anchored=_text(anchor["checkpoint"], "anchor.checkpoint").encode()
                 if anchor else None,
                 anchor_ref=_text(anchor["ref"], "anchor.ref") if anchor else None,
@@ -161,8 +176,20 @@ class Bundle:
                 leaf_index=entry.leaf_index, inclusion_proof=entry.inclusion_proof,
                 checkpoint_note=self.checkpoint, anchored_note=self.anchored,
                 anchor_ref=self.anchor_ref, anchor_consistency=self.anchor_consistency,
-                seen_consistency=seen_consistency,
+                seen_consistency=seen_consistency, body=entry.body,
+                environment=None if entry.environment_index is None
+                else self.environments.get(entry.environment_index),
             )
+
+
+def _entry_json(entry: BundleEntry) -> dict[str, Any]:
+    result: dict[str, Any] = {"record_id": entry.record_id, "leaf_index": entry.leaf_index,
+                              "canonical": base64.b64encode(entry.canonical).decode(),
+                              "inclusion_proof": [h.hex() for h in entry.inclusion_proof]}
+    if entry.body is not None:
+        result["body"] = base64.b64encode(entry.body).decode()
+        result["environment_index"] = entry.environment_index
+    return result
 
 
 def _text(value: Any, name: str) -> str:
@@ -193,11 +220,28 @@ def _entry(number: int, raw: Any) -> BundleEntry:
         leaf_index = strict_int(raw["leaf_index"], "leaf_index")
         if leaf_index < 0:
             raise ValueError("leaf_index is negative")
+        body = raw.get("body")
+        environment_index = raw.get("environment_index")
         return BundleEntry(_text(raw["record_id"], "record_id"), leaf_index,
                            base64.b64decode(_text(raw["canonical"], "canonical"),
                                             validate=True),
-                           _hashes(raw["inclusion_proof"], "inclusion_proof"))
+                           _hashes(raw["inclusion_proof"], "inclusion_proof"),
+                           None if body is None else base64.b64decode(
+                               _text(body, "body"), validate=True),
+                           None if environment_index is None
+                           else strict_int(environment_index, "environment_index"))
     except (ValueError, KeyError, TypeError) as exc:
         why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
         return BundleEntry(label, -1, b"", (), problem=f"bundle entry #{number} is "
                            f"malformed: {why}")
+
+
+def _environments(raw: Any) -> dict[int, LeafEvidence]:
+    """The environment leaves a bundle carries, by leaf index."""
+    if not isinstance(raw, dict):
+        raise TypeError("environments must be an object")
+    return {_size(index): LeafEvidence(
+        _size(index), base64.b64decode(_text(leaf["envelope"], "envelope"), validate=True),
+        base64.b64decode(_text(leaf["body"], "body"), validate=True),
+        _hashes(leaf["inclusion_proof"], f"environments.{index}.inclusion_proof"))
+        for index, leaf in raw.items()}

@@ -4,8 +4,12 @@ its reason. Pure: evidence in, verdict out; fetching evidence is someone else's 
 The numbers are stable (scripts and the README refer to them):
 
 1. the record's canonical bytes hash to its leaf hash (and name the asked-for record);
-   a source that answered but has no such record fails here too;
-2. the inclusion proof leads from that leaf to the checkpoint's root;
+   a source that answered but has no such record fails here too. For a v2 leaf
+   (decision 0026) the bytes are its envelope: the body must hash to the envelope's
+   digest and agree with its kind, time and tenant tag, and a v2 record's environment
+   leaf must open the same way and be the leaf (index and hash) the record names;
+2. the inclusion proof leads from that leaf to the checkpoint's root (and, for a v2
+   record, its environment leaf's own proof to the same root);
 3. the checkpoint is signed by the pinned log key;
 4. the checkpoint is no rollback of, and no fork from, the last checkpoint this verifier
    saw, is consistent with the anchored checkpoint, and someone other than the operator
@@ -31,7 +35,12 @@ from ledger.checkpoint import Checkpoint, NoteVerifier, check_extends
 from ledger.cosignature import WitnessKey, valid_cosigners
 from ledger.digest import commitment_matches
 from ledger.error_map import EXIT_CHECK_FAILED, EXIT_OK
-from ledger.errors import LedgerError, VerificationError
+from ledger.errors import LeafBindingError, LedgerError, VerificationError
+from ledger.leaves import commitments
+from ledger.leaves.envelope import Leaf, is_envelope
+from ledger.leaves.environment import ENVIRONMENT_KIND, fingerprints
+from ledger.leaves.kinds import open_leaf
+from ledger.leaves.record_v2 import RECORD_KIND
 from ledger.record import validate_body
 
 CHECK_NAMES = {
@@ -76,6 +85,17 @@ class QuorumError(VerificationError):
 
 
 @dataclass(frozen=True)
+class LeafEvidence:
+    """Another leaf a v2 record depends on (its environment), with its own proof to the
+    same checkpoint as the record's."""
+
+    leaf_index: int
+    envelope: bytes
+    body: bytes
+    inclusion_proof: Sequence[bytes]
+
+
+@dataclass(frozen=True)
 class Evidence:
     """Everything needed to verify one record against one checkpoint."""
 
@@ -99,6 +119,10 @@ class Evidence:
     # How many leaves the source's log holds, when it can tell (a database): a signed
     # checkpoint larger than that covers entries the log no longer has (check 4).
     log_size: int | None = None
+    # A v2 leaf's body (``canonical`` is then its envelope) and, for a v2 record, the
+    # environment leaf it names.
+    body: bytes | None = None
+    environment: LeafEvidence | None = None
 
 
 @dataclass(frozen=True)
@@ -171,6 +195,7 @@ class Verdict:
     # the trust policy itself, else the anchored note that does (a prefix of it), else
     # None. Only meaningful when the verdict is ok.
     state_note: bytes | None = None
+    environment: dict[str, Any] | None = None  # a v2 record's environment body, once checked
 
     @property
     def ok(self) -> bool:
@@ -214,11 +239,14 @@ class Verdict:
         return passed is not False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"record_id": self.record_id, "verified": self.ok, "trust": self.trust,
-                "summary": self.summary,
-                "failed_check": self.failed.number if self.failed else None,
-                "tree_size": self.checkpoint.size if self.checkpoint else None,
-                "checks": [c.to_dict() for c in self.checks]}
+        result = {"record_id": self.record_id, "verified": self.ok, "trust": self.trust,
+                  "summary": self.summary,
+                  "failed_check": self.failed.number if self.failed else None,
+                  "tree_size": self.checkpoint.size if self.checkpoint else None,
+                  "checks": [c.to_dict() for c in self.checks]}
+        if self.environment is not None:  # a v2 record's, from its checked environment leaf
+            result["environment"] = fingerprints(self.environment)
+        return result
 
 
 def record_missing(record_id: str, reason: str) -> Verdict:
@@ -246,7 +274,8 @@ def verify_record(
     # Check 1: bytes -> leaf hash, and the bytes are the record that was asked for.
     # (Canonical spelling is the writer's job and fsck's; here the bytes must only have
     # one meaning: no duplicate keys, no NaN.)
-    body = _check_record(verdict, evidence, leaf)
+    body = (_check_leaf_v2(verdict, evidence, leaf, origin)
+            if is_envelope(evidence.canonical) else _check_record(verdict, evidence, leaf))
     if body is None:
         return _skip_rest(verdict, {2, 3, 4, 5})
 
@@ -280,7 +309,21 @@ def verify_record(
     except LedgerError as exc:
         verdict.add(2, False, f"inclusion proof does not hold: {exc}")
         return _skip_rest(verdict, {4, 5})
-    verdict.add(2, True, f"leaf {evidence.leaf_index} is in the tree of size {checkpoint.size}")
+    where = f"leaf {evidence.leaf_index}"
+    if verdict.environment is not None and evidence.environment is not None:
+        environment = evidence.environment
+        try:
+            merkle.verify_inclusion(merkle.hash_leaf(environment.envelope),
+                                    environment.leaf_index, checkpoint.size,
+                                    environment.inclusion_proof, checkpoint.root)
+        except LedgerError as exc:
+            verdict.add(2, False, f"the environment leaf's inclusion proof does not hold: "
+                        f"{exc}")
+            return _skip_rest(verdict, {4, 5})
+        where += f" and its environment leaf {environment.leaf_index} are"
+    else:
+        where += " is"
+    verdict.add(2, True, f"{where} in the tree of size {checkpoint.size}")
 
     # Check 4: no rollback or fork, anchored, and vouched for by someone else.
     try:
@@ -315,6 +358,61 @@ def _check_record(verdict: Verdict, evidence: Evidence, leaf: bytes) -> dict[str
     verdict.record = body
     verdict.add(1, True, f"leaf hash {leaf.hex()} at index {evidence.leaf_index}")
     return body
+
+
+def _check_leaf_v2(verdict: Verdict, evidence: Evidence, leaf: bytes, origin: str
+                   ) -> dict[str, Any] | None:
+    """Check 1 for a v2 leaf: envelope and body together, then the environment leaf a
+    record names (its inclusion is check 2's)."""
+    if evidence.body is None:
+        verdict.add(1, False, "the leaf is a v2 envelope and the source gave no body")
+        return None
+    try:
+        opened = open_leaf(evidence.canonical, evidence.body, origin)
+    except LedgerError as exc:
+        verdict.add(1, False, f"the v2 leaf does not open: {type(exc).__name__}: {exc}")
+        return None
+    if opened.record_id != evidence.record_id:
+        verdict.add(1, False, f"bytes are record {opened.record_id!r}, not "
+                    f"{evidence.record_id!r}")
+        return None
+    if evidence.log_leaf_hash is not None and evidence.log_leaf_hash != leaf:
+        verdict.add(1, False, f"envelope bytes hash to {leaf.hex()}, the log holds "
+                    f"{evidence.log_leaf_hash.hex()} at index {evidence.leaf_index}")
+        return None
+    reason = (f"envelope and body open as {opened.kind}; leaf hash {leaf.hex()} at index "
+              f"{evidence.leaf_index}")
+    if opened.kind == RECORD_KIND:
+        try:
+            environment = _check_environment(opened, evidence.environment, origin)
+        except LedgerError as exc:
+            verdict.add(1, False, f"{type(exc).__name__}: {exc}")
+            return None
+        verdict.environment = dict(environment.content)
+        reason += (f"; environment leaf {environment.content['record_id']} "
+                   f"({environment.leaf_hash.hex()}) opens and is the one named")
+    verdict.record = dict(opened.content)
+    verdict.add(1, True, reason)
+    return dict(opened.content)
+
+
+def _check_environment(record: Leaf, given: LeafEvidence | None, origin: str) -> Leaf:
+    named = record.content["environment"]
+    if given is None:
+        raise LeafBindingError(f"the record names environment leaf {named['leaf_index']} "
+                               "and the source gave none")
+    if given.leaf_index != named["leaf_index"]:
+        raise LeafBindingError(f"the source gave leaf {given.leaf_index} as the environment, "
+                               f"the record names leaf {named['leaf_index']}")
+    environment = open_leaf(given.envelope, given.body, origin)
+    if environment.kind != ENVIRONMENT_KIND:
+        raise LeafBindingError(f"leaf {given.leaf_index} is a {environment.kind}, not an "
+                               "environment")
+    if environment.leaf_hash.hex() != named["leaf_hash"]:
+        raise LeafBindingError(f"the environment leaf hashes to "
+                               f"{environment.leaf_hash.hex()}, the record names "
+                               f"{named['leaf_hash']}")
+    return environment
 
 
 def _check_history(evidence: Evidence, verifier: NoteVerifier, origin: str,
@@ -419,8 +517,19 @@ def _cosigners(note: bytes, witnesses: tuple[WitnessKey, ...]) -> dict[str, int]
     return valid_cosigners(note, witnesses)
 
 
+def opens_commitment(body: dict[str, Any], key: str, salt: bytes, value: bytes) -> bool:
+    """Does ``salt`` open the record's commitment ``key`` (v1 ``input_commitment`` /
+    ``output_commitment``) to ``value``? A v2 record holds them as labelled HMACs."""
+    if body.get("schema") == RECORD_KIND:
+        label = commitments.INPUT if key == "input_commitment" else commitments.OUTPUT
+        return commitments.opens(str(body["commitments"][label]), salt, label, value)
+    return commitment_matches(str(body.get("data", {}).get(key, "")), salt, value)
+
+
 def _check_disclosure(verdict: Verdict, body: dict[str, Any], disclosure: Disclosure) -> None:
     data = body.get("data", {})
+    if body.get("schema") == RECORD_KIND:  # the names check 5 looks for, present
+        data = {"input_commitment": True, "output_commitment": True}
     given = any(v is not None for v in (disclosure.prompt, disclosure.input_salt,
                                         disclosure.output, disclosure.output_salt))
     if given and "input_commitment" not in data and "output_commitment" not in data:
@@ -437,7 +546,7 @@ def _check_disclosure(verdict: Verdict, body: dict[str, Any], disclosure: Disclo
             notes.append(f"{label} given without its salt: commitment not opened")
         elif text is None:
             failures.append(f"{label} salt given without the {label} text")
-        elif commitment_matches(str(data.get(key, "")), salt, text):
+        elif opens_commitment(body, key, salt, text):
             opened.append(label)
         else:
             failures.append(f"{label} or its salt does not match {key}")

@@ -106,3 +106,41 @@ class NvmlDouble:
         if counter != pynvml.NVML_VOLATILE_ECC:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return self.ecc[error_type]
+
+
+@dataclass
+class NvmlMachine:
+    """Several GPUs behind one NVML, each an ``NvmlDouble`` (``nvmlDeviceGetCount`` and
+    the index select among them); counts the utilisation reads, i.e. the samples taken."""
+
+    gpus: list[NvmlDouble]
+    initialized: bool = False
+
+    def __getattr__(self, name: str) -> Any:
+        first = self.__dict__["gpus"][0]
+        value = getattr(first, name)
+        if not callable(value) or not name.startswith("nvmlDevice"):
+            return value
+
+        def by_handle(handle: Any, *args: Any) -> Any:
+            gpu = self.__dict__["gpus"][handle]
+            return getattr(gpu, name)(object(), *args)
+
+        return by_handle
+
+    def nvmlInit(self) -> None:
+        self.initialized = True
+        for gpu in self.gpus:
+            gpu.nvmlInit()
+
+    def nvmlDeviceGetCount(self) -> int:
+        if not self.initialized:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        if not self.initialized:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        if not 0 <= index < len(self.gpus):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return index

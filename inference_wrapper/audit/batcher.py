@@ -25,7 +25,7 @@ import asyncio
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,11 +34,14 @@ from inference_wrapper.audit.generator import (
     AuditedGenerator,
     AuditedOutput,
     BatchResult,
+    LogBinding,
     PreparedRequest,
     engine_batch,
+    environment_leaf,
 )
 from inference_wrapper.engine.protocol import EngineClient, EngineDownError
 from ledger.errors import LedgerError, WorkerDiedError
+from ledger.leaves.record_v2 import EnvironmentRef
 from ledger.vault_errors import ContentNotKeptError
 
 log = logging.getLogger(__name__)
@@ -152,6 +155,9 @@ class Batcher:
         self.retain = retain
         self.retain_needed = retain_needed
         self.journal = journal
+        # The log the records go to (v2 records name its environment leaf); None: v1.
+        self.log: LogBinding | None = None
+        self._environment_lock = asyncio.Lock()
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
         self.queue_limit = queue_limit
@@ -377,10 +383,26 @@ class Batcher:
         self._audits.add(task)
         task.add_done_callback(self._audits.discard)
 
+    async def log_environment(self, environment: Mapping[str, Any]) -> None:
+        """Append an engine's environment leaf (it started, restarted or changed) before
+        any record that names it; once per environment, however many batches wait."""
+        assert self.log is not None
+        async with self._environment_lock:
+            if self.log.ref_for(environment) is not None:
+                return
+            leaf = environment_leaf(environment)
+            (receipt,) = await self.journal.append_many_async([leaf])
+            if isinstance(receipt, BaseException):
+                raise receipt
+            self.log.bind(environment, EnvironmentRef(receipt.leaf_index, leaf.leaf_hash))
+
     async def _audit(self, batch: list[_Job], result: BatchResult) -> None:
         loop = asyncio.get_running_loop()
         try:
-            outputs = await loop.run_in_executor(self._audit_thread, self.generator.seal, result)
+            if self.log is not None and self.log.ref_for(result.environment) is None:
+                await self.log_environment(result.environment)
+            outputs = await loop.run_in_executor(self._audit_thread, self.generator.seal, result,
+                                                 self.log)
             start, start_ns = time.perf_counter(), time.time_ns()
             receipts = await self.journal.append_many_async([o.record for o in outputs])
             self._observe("append", time.perf_counter() - start)

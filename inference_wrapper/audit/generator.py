@@ -22,6 +22,10 @@ from inference_wrapper.engine.params import GenerationParams, Limits, validate_p
 from inference_wrapper.engine.protocol import EngineBatch, EngineClient, EngineResult
 from ledger.canonical import Canonical, json_number
 from ledger.digest import commit_text, new_salt
+from ledger.leaves.commitments import row_commitments
+from ledger.leaves.envelope import Leaf
+from ledger.leaves.environment import build_environment, environment_sections
+from ledger.leaves.record_v2 import EnvironmentRef, RowFacts, build_records_v2
 from ledger.record import (
     AuditRecord,
     RecordFamily,
@@ -54,11 +58,59 @@ class PreparedRequest:
 @dataclass(frozen=True)
 class AuditedOutput:
     text: str
-    record: AuditRecord
+    record: AuditRecord | Leaf  # an audit-record/v2 leaf when sealed for a log
     input_salt: bytes
     output_salt: bytes
     output_token_ids: list[int]
     user_salt: bytes | None = None  # opens the record's user_commitment, when there is one
+
+    @property
+    def record_content(self) -> Mapping[str, Any]:
+        """The record's members (a v2 leaf's body, a v1 record itself); both have
+        ``data`` with the token counts, finish reason and generation parameters."""
+        return self.record.content if isinstance(self.record, Leaf) else self.record.body
+
+
+class EnvironmentNotLoggedError(LookupError):
+    """A batch ran on an engine environment the log holds no leaf for yet: its
+    ``environment/v1`` leaf must be appended first (``LogBinding.bind``)."""
+
+
+@dataclass
+class LogBinding:
+    """The log records go to (decision 0026): its origin (tenant tags) and, per engine,
+    the environment leaf it holds for that engine's current environment."""
+
+    origin: str
+    _environments: dict[str, tuple[dict[str, Any], EnvironmentRef]] = field(
+        default_factory=dict)
+
+    def ref_for(self, environment: Mapping[str, Any]) -> EnvironmentRef | None:
+        """The leaf of this exact environment, or None (never logged, or changed since)."""
+        known = self._environments.get(str(environment["engine"]))
+        if known is None or known[0] != _environment_key(environment):
+            return None
+        return known[1]
+
+    def bind(self, environment: Mapping[str, Any], ref: EnvironmentRef) -> None:
+        self._environments[str(environment["engine"])] = (_environment_key(environment), ref)
+
+
+def _environment_key(environment: Mapping[str, Any]) -> dict[str, Any]:
+    return environment_sections(
+        model=environment["model"], hardware=environment["hardware"],
+        software=environment["software"],
+        tokenization_contract=environment["tokenization_contract"],
+        generation_config_digest=environment["generation_config_digest"])
+
+
+def environment_leaf(environment: Mapping[str, Any]) -> Leaf:
+    """An engine's ``environment/v1`` leaf, from what the engine captured."""
+    return build_environment(
+        engine=str(environment["engine"]), model=environment["model"],
+        hardware=environment["hardware"], software=environment["software"],
+        tokenization_contract=environment["tokenization_contract"],
+        generation_config_digest=str(environment["generation_config_digest"]))
 
 
 @dataclass
@@ -220,8 +272,54 @@ class AuditedGenerator:
         result = engine.run(engine_batch(requests, min_length), on_step)
         return BatchResult(requests, result, engine.environment())
 
-    def seal(self, batch: BatchResult) -> list[AuditedOutput]:
-        """Turn a batch's results into one record per request.
+    def environment_leaf(self) -> Leaf:
+        """The first engine's ``environment/v1`` leaf, to append before its first record."""
+        return environment_leaf(self.environment())
+
+    def seal(self, batch: BatchResult, log: LogBinding | None = None) -> list[AuditedOutput]:
+        """Turn a batch's results into one record per request: ``audit-record/v2`` leaves
+        for the log ``log`` names (decision 0026), v1 records without one."""
+        if log is None:
+            return self._seal_v1(batch)
+        environment = log.ref_for(batch.environment)
+        if environment is None:
+            raise EnvironmentNotLoggedError(
+                f"engine {batch.environment['engine']}: its environment has no leaf in the "
+                "log yet")
+        return self._seal_v2(batch, log.origin, environment)
+
+    def _seal_v2(self, batch: BatchResult, origin: str,
+                 environment: EnvironmentRef) -> list[AuditedOutput]:
+        result = batch.result
+        padded_length = len(result.input_ids[0])
+        rows = []
+        for row, request in enumerate(batch.requests):
+            mask, ids = result.attention_mask[row], result.input_ids[row]
+            real = [token for token, kept in zip(ids, mask, strict=True) if kept]
+            rows.append(RowFacts(
+                tenant=request.tenant,
+                commitments=row_commitments(
+                    input_salt=request.input_salt, output_salt=request.output_salt,
+                    prompt=request.prompt, input_ids=real, output=result.texts[row],
+                    output_ids=result.output_ids[row], stop=request.stop, user=request.user,
+                    user_salt=request.user_salt),
+                input_token_count=len(real), output_token_count=len(result.output_ids[row]),
+                truncated=result.truncated[row], finish_reason=result.finish_reasons[row],
+                padding_count=padded_length - len(real), parse_ms=request.parse_ms,
+                stream_start_record_id=request.stream_start_id))
+        leaves = build_records_v2(
+            origin=origin, engine=str(batch.environment["engine"]), environment=environment,
+            batch_id=uuid.uuid4().hex,  # lets an auditor regroup the records of one generate
+            padded_length=padded_length, padding_side=self.contract.padding_side,
+            generation=result.params.to_dict(), timings_ms=result.timings_ms, rows=rows,
+            gpu_sample=result.gpu_sample)
+        return [AuditedOutput(result.texts[row], leaf, request.input_salt, request.output_salt,
+                              result.output_ids[row],
+                              request.user_salt if request.user is not None else None)
+                for row, (request, leaf) in enumerate(zip(batch.requests, leaves, strict=True))]
+
+    def _seal_v1(self, batch: BatchResult) -> list[AuditedOutput]:
+        """``audit-record/v1`` records (a generator not sealing for a log).
 
         The rows' records share every leaf but those in ``ROW_LEAVES`` (and the optional
         ones), so they are canonicalized through one layout (``RecordFamily``) instead

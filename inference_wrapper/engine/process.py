@@ -70,38 +70,75 @@ class ProcessEngine:
         self.pid: int | None = None
         self._environment: Mapping[str, Any] | None = None
         self._process: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, _Pending] = {}
         self._next_id = 0
         self._down = True
         self._tasks: list[asyncio.Task[Any]] = []
+        self._relay: asyncio.Task[None] | None = None
 
-    async def start(self, timeout_s: float = 600.0) -> None:
-        """Spawn the process and wait for its environment; raises ``EngineStartError``."""
+    async def spawn(self, timeout_s: float = 600.0) -> None:
+        """Start the process and wait until it is warm (model stack imported, nothing
+        loaded yet); raises ``EngineStartError``."""
         ours, theirs = socket.socketpair()
         try:
             self._process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "inference_wrapper.engine.worker",
                 self.spec.argument(theirs.fileno()), pass_fds=(theirs.fileno(),),
-                stdin=asyncio.subprocess.DEVNULL, env={**os.environ, **self.spec.env})
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, env={**os.environ, **self.spec.env})
         finally:
             theirs.close()  # the child holds its end; ours sees EOF when it dies
         self.pid = self._process.pid
-        reader, self._writer = await asyncio.open_unix_connection(sock=ours)
-        try:
-            first = await asyncio.wait_for(wire.read(reader), timeout_s)
-        except TimeoutError:
-            first = {"type": "failed", "error": f"no answer within {timeout_s:.0f} s"}
-        if first is None or first["type"] != "ready":
-            self._process.kill() if self._process.returncode is None else None
-            await self._process.wait()
-            self._writer.close()
-            why = "it exited" if first is None else first.get("error", first["type"])
-            raise EngineStartError(f"engine {self.engine_id} did not start: {why}")
+        assert self._process.stdout is not None
+        self._relay = asyncio.get_running_loop().create_task(
+            _relay(self._process.stdout, self.engine_id), name=f"{self.engine_id}-output")
+        self._reader, self._writer = await asyncio.open_unix_connection(sock=ours)
+        await self._expect("warm", timeout_s)
+
+    @property
+    def warm(self) -> bool:
+        """Spawned and waiting for ``start``, its process still there."""
+        return (self._reader is not None and self._down and self._environment is None
+                and self._process is not None and self._process.returncode is None)
+
+    async def start(self, timeout_s: float = 600.0) -> None:
+        """Load the model (spawning first unless warm) and wait for its environment;
+        raises ``EngineStartError``."""
+        if not self.warm:
+            await self.spawn(timeout_s)
+        assert self._writer is not None and self._reader is not None
+        self._writer.write(wire.encode({"type": "load"}))
+        first = await self._expect("ready", timeout_s)
         self._environment = first["environment"]
         self._down = False
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._read(reader), name=f"{self.engine_id}-reader")]
+        self._tasks = [loop.create_task(self._read(self._reader),
+                                        name=f"{self.engine_id}-reader")]
+
+    async def _expect(self, kind: str, timeout_s: float) -> dict[str, Any]:
+        assert self._reader is not None and self._process is not None
+        try:
+            message = await asyncio.wait_for(wire.read(self._reader), timeout_s)
+        except TimeoutError:
+            message = {"type": "failed", "error": f"no answer within {timeout_s:.0f} s"}
+        if message is None or message["type"] != kind:
+            await self.discard()
+            why = "it exited" if message is None else message.get("error", message["type"])
+            raise EngineStartError(f"engine {self.engine_id} did not start: {why}")
+        return message
+
+    async def discard(self) -> None:
+        """Stop a process that never served (a failed start, an unused reserve)."""
+        if self._process is not None and self._process.returncode is None:
+            self._process.kill()
+        if self._process is not None:
+            await self._process.wait()
+        if self._writer is not None:
+            self._writer.close()
+        if self._relay is not None:
+            await asyncio.wait([self._relay], timeout=30)  # its output, to the last line
 
     def environment(self) -> Mapping[str, Any]:
         if self._environment is None:
@@ -163,6 +200,8 @@ class ProcessEngine:
                 log.error("engine %s (pid %s) exited with %s", self.engine_id, self.pid, code)
         if self._writer is not None:
             self._writer.close()
+        if self._relay is not None:
+            await asyncio.wait([self._relay], timeout=30)
 
     async def close(self, timeout_s: float = 30.0) -> None:
         """Ask the process to exit after its batch; kill it if it does not."""
@@ -178,3 +217,18 @@ class ProcessEngine:
         for task in self._tasks:
             await asyncio.wait([task], timeout=timeout_s)
         self._writer.close()
+        if self._relay is not None:
+            await asyncio.wait([self._relay], timeout=timeout_s)
+
+
+async def _relay(output: asyncio.StreamReader, engine_id: str) -> None:
+    """The engine's output, line by line, into this process's log: always read (an
+    unread pipe would stall the engine), and subject to the log's own drop policy."""
+    while True:
+        try:
+            line = await output.readline()
+        except ValueError:  # a line over the stream's limit: take it in pieces
+            line = await output.read(1 << 16)
+        if not line:
+            return
+        log.info("engine %s: %s", engine_id, line.decode(errors="replace").rstrip())

@@ -30,7 +30,8 @@ class SupervisedEngine:
     """An ``EngineClient`` over a succession of ``ProcessEngine``s."""
 
     def __init__(self, spec: EngineSpec, *, backoff_s: tuple[float, ...] = BACKOFF_S,
-                 on_environment: Callable[[Mapping[str, Any]], None] | None = None) -> None:
+                 on_environment: Callable[[Mapping[str, Any]], None] | None = None,
+                 reserve: bool = True) -> None:
         self.spec = spec
         self.engine_id = spec.engine_id
         self.backoff_s = backoff_s
@@ -42,6 +43,12 @@ class SupervisedEngine:
         self._started_at = 0.0
         self._failures = 0  # consecutive young deaths or failed starts
         self._restarter: asyncio.Task[None] | None = None
+        # A warm process held in reserve (``reserve``): a restart loads the model into it
+        # instead of starting an interpreter and importing torch (tens of seconds on a
+        # busy machine), at the cost of one idle process per engine.
+        self.reserve = reserve
+        self._reserve: ProcessEngine | None = None
+        self._reserving: asyncio.Task[None] | None = None
         self._closing = False
         self.up = asyncio.Event()  # set while an engine process serves
 
@@ -49,13 +56,24 @@ class SupervisedEngine:
     def pid(self) -> int | None:
         return self._current.pid if self._current is not None else None
 
+    @property
+    def reserve_pid(self) -> int | None:
+        """The warm reserve's process, when one is ready."""
+        spare = self._reserve
+        return spare.pid if spare is not None and spare.warm else None
+
     async def start(self) -> None:
         """The first start: an engine that cannot load its model is an error to the caller
         (``serve`` refuses to start), not a restart loop."""
         await self._spawn()
 
     async def _spawn(self) -> None:
-        engine = ProcessEngine(self.spec, on_exit=self._exited)
+        if self._reserve is None and self._reserving is not None:
+            # A reserve is part-way through its start: finishing it beats starting over.
+            await asyncio.wait([self._reserving])
+        engine, self._reserve = self._reserve, None
+        if engine is None or not engine.warm:
+            engine = ProcessEngine(self.spec, on_exit=self._exited)
         await engine.start()
         if self._closing:
             await engine.close()
@@ -70,6 +88,26 @@ class SupervisedEngine:
         self._environment = environment
         self._current, self._started_at = engine, time.monotonic()
         self.up.set()
+        if self.reserve and self._reserving is None:
+            self._reserving = asyncio.get_running_loop().create_task(
+                self._keep_reserve(), name=f"{self.engine_id}-reserve")
+
+    async def _keep_reserve(self) -> None:
+        spare = ProcessEngine(self.spec, on_exit=self._exited)
+        try:
+            await spare.spawn()
+        except asyncio.CancelledError:  # closing: the half-started process goes too
+            await asyncio.shield(spare.discard())
+            raise
+        except Exception:  # no reserve: the next restart starts a process from scratch
+            log.exception("engine %s: no warm reserve", self.engine_id)
+            return
+        finally:
+            self._reserving = None
+        if self._closing:
+            await spare.discard()
+        else:
+            self._reserve = spare
 
     def _exited(self, engine: ProcessEngine) -> None:
         if engine is not self._current:
@@ -116,9 +154,12 @@ class SupervisedEngine:
 
     async def close(self) -> None:
         self._closing = True
-        if self._restarter is not None:
-            self._restarter.cancel()
-            await asyncio.wait([self._restarter])
+        for task in (self._restarter, self._reserving):
+            if task is not None:
+                task.cancel()
+                await asyncio.wait([task])
+        if self._reserve is not None:
+            await self._reserve.discard()
         if self._current is not None:
             await self._current.close()
         self.up.clear()

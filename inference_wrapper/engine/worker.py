@@ -1,9 +1,13 @@
 """The engine process: ``python -m inference_wrapper.engine.worker SPEC``.
 
-Loads and verifies the model, captures its environment, then runs one batch at a time
-for the API process on the socket it inherited (``SPEC["fd"]``): each step's tokens as
-they are generated, then the batch's result. It exits when the socket closes, so an
-engine never outlives the API process that started it.
+First it imports the model stack and reads what does not depend on the model (the
+installed distributions, this checkout's revision) and says ``warm``: a supervisor keeps
+one such process in reserve, so that a restart costs a model load, not an interpreter
+start and a torch import. On ``load`` it loads and verifies the model, captures its
+environment, then runs one batch at a time for the API process on the socket it
+inherited (``SPEC["fd"]``): each step's tokens as they are generated, then the batch's
+result. It exits when the socket closes, so an engine never outlives the API process
+that started it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,20 @@ from typing import Any
 from inference_wrapper.engine import wire
 
 log = logging.getLogger("audit_ledger.engine")
+
+
+def warm_up() -> None:
+    """Everything an engine start needs that no model decides: imported, read, cached."""
+    import torch  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+    from inference_wrapper.engine.fingerprint.software import (
+        dependencies_digest,
+        service_revision,
+    )
+
+    dependencies_digest()
+    service_revision()
 
 
 def load_engine(spec: dict[str, Any]) -> Any:
@@ -75,7 +93,14 @@ def main(argv: list[str]) -> int:
                                "%(message)s")
     sock = socket.socket(fileno=int(spec["fd"]))
     try:
+        warm_up()
+        wire.send(sock, {"type": "warm"})
+        order = wire.recv(sock)  # held in reserve until the supervisor needs it
+        if order is None or order["type"] != "load":
+            return 0
         engine = load_engine(spec)
+    except (BrokenPipeError, ConnectionResetError):  # the API process went away
+        return 0
     except Exception as exc:  # said to the API process, which refuses or retries
         log.exception("engine %s could not start", spec["engine_id"])
         wire.send(sock, {"type": "failed", "error": f"{type(exc).__name__}: {exc}"})

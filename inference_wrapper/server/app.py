@@ -23,7 +23,7 @@ from aiohttp import web
 from prometheus_client import Gauge
 
 from inference_wrapper.audit.batcher import Batcher
-from inference_wrapper.audit.generator import AuditedGenerator
+from inference_wrapper.audit.generator import AuditedGenerator, LogBinding
 from inference_wrapper.engine.supervised import SupervisedEngine
 from inference_wrapper.server import logging_setup
 from inference_wrapper.server.appkeys import (
@@ -291,8 +291,8 @@ async def engine_context(app: web.Application) -> AsyncIterator[None]:
     try:
         for engine in supervised:
             engine.on_environment = functools.partial(_engine_environment, generator)
-            if not engine.alive():
-                await engine.start()
+        # Side by side: each loads its own model; the slowest one sets the start-up time.
+        await asyncio.gather(*(e.start() for e in supervised if not e.alive()))
         yield
     finally:
         for engine in supervised:
@@ -318,6 +318,13 @@ async def batcher_context(app: web.Application) -> AsyncIterator[None]:
                       max_wait_ms=settings.max_wait_ms, queue_limit=settings.queue_limit,
                       observe=metrics.observe, retain=retain_hook(app[VAULT]),
                       retain_needed=app[VAULT].may_keep_content)
+    # Records are audit-record/v2 leaves naming their engine's environment leaf (decision
+    # 0026): each running engine's goes into the log now, before any record; an engine
+    # that starts, restarts or changes later gets its leaf before its first batch's records.
+    batcher.log = LogBinding(settings.origin)
+    for engine in app[GENERATOR].engines:
+        if engine.alive():
+            await batcher.log_environment(engine.environment())
     batcher.start()
     app[BATCHER] = batcher
     ledger = app[LEDGER]

@@ -481,7 +481,7 @@ def _plot_points(ledger: SqlLedger, since: datetime, until: datetime,
     while len(points) < PLOT_MAX_RECORDS:
         rows, cursor = ledger.query(since=since, until=until, limit=5000, cursor=cursor,
                                     tenant=tenant)
-        points.extend(Point.from_record(r.created_at, r.columns, json.loads(r.canonical))
+        points.extend(Point.from_record(r.created_at, r.columns, json.loads(r.leaf_body))
                       for r in rows)
         if cursor is None:
             break

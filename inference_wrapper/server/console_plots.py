@@ -37,7 +37,8 @@ class Point:
     def from_record(cls, created_at: datetime, columns: dict[str, object],
                     body: Mapping[str, Any]) -> Point:
         timings = body.get("timings_ms")
-        batch = (body.get("data") or {}).get("batch") or {}
+        # A v2 record holds its batch at the top; a v1 record under data.
+        batch = body.get("batch") or (body.get("data") or {}).get("batch") or {}
         size = batch.get("size") if isinstance(batch, Mapping) else None
         return cls(created_at, columns,
                    {k: float(v) for k, v in timings.items() if isinstance(v, int | float)}

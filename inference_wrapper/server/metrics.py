@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,43 +29,65 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
                    2.5, 5.0, 10.0, 30.0)
 
 
+# What each GPU sample field is exported as: (metric name, help, scale to the unit).
+GPU_GAUGES = {
+    "sm_utilization_pct": ("audit_gpu_sm_utilization_ratio", "SM utilisation (0-1)", 0.01),
+    "memory_bandwidth_utilization_pct": ("audit_gpu_memory_bandwidth_utilization_ratio",
+                                         "memory bandwidth utilisation (0-1)", 0.01),
+    "memory_used_bytes": ("audit_gpu_memory_used_bytes", "GPU memory used", 1.0),
+    "power_w": ("audit_gpu_power_watts", "power draw", 1.0),
+    "temperature_c": ("audit_gpu_temperature_celsius", "GPU temperature", 1.0),
+    "sm_clock_mhz": ("audit_gpu_sm_clock_hertz", "SM clock", 1e6),
+    "memory_clock_mhz": ("audit_gpu_memory_clock_hertz", "memory clock", 1e6),
+    "throttle_reasons": ("audit_gpu_clock_event_reasons", "NVML clock event (throttle) "
+                         "reason bits", 1.0),
+    "ecc_corrected_volatile": ("audit_gpu_ecc_corrected_errors", "corrected ECC errors "
+                               "since the driver loaded", 1.0),
+    "ecc_uncorrected_volatile": ("audit_gpu_ecc_uncorrected_errors", "uncorrected ECC "
+                                 "errors since the driver loaded", 1.0),
+}
+
+
 class GpuCollector(Collector):
-    """NVML readings at scrape time: SM and memory-bandwidth utilisation, memory, power."""
+    """Every GPU's sample (the fields a batch's records carry), labelled by GPU UUID,
+    read through NVML at most once a second however often /metrics is scraped. A field
+    the GPU does not support is left out; no NVML, no GPU metrics."""
+
+    def __init__(self, nvml: Any = None, interval_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._nvml = nvml
+        self._interval_s, self._clock = interval_s, clock
+        self._samples: list[dict[str, Any]] = []
+        self._taken = -float("inf")
+        self._lock = threading.Lock()
+
+    def samples(self) -> list[dict[str, Any]]:
+        with self._lock:
+            if self._clock() - self._taken >= self._interval_s:
+                self._samples, self._taken = self._read(), self._clock()
+            return self._samples
+
+    def _read(self) -> list[dict[str, Any]]:
+        from inference_wrapper.engine.gpu_sample import GpuSampler
+
+        try:
+            nvml = self._nvml if self._nvml is not None else importlib.import_module("pynvml")
+            nvml.nvmlInit()
+            return [GpuSampler(nvml, index).sample()
+                    for index in range(nvml.nvmlDeviceGetCount())]
+        except Exception:  # no NVML library or no GPU: export nothing
+            return []
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-        except Exception:  # no NVML library or no GPU: export nothing
+        samples = self.samples()
+        if not samples:
             return
-        try:
-            families = {
-                "sm": GaugeMetricFamily("audit_gpu_sm_utilization_ratio",
-                                        "SM utilisation (0-1)", labels=["gpu"]),
-                "bw": GaugeMetricFamily("audit_gpu_memory_bandwidth_utilization_ratio",
-                                        "memory bandwidth utilisation (0-1)", labels=["gpu"]),
-                "mem": GaugeMetricFamily("audit_gpu_memory_used_bytes", "GPU memory used",
-                                         labels=["gpu"]),
-                "power": GaugeMetricFamily("audit_gpu_power_watts", "power draw",
-                                           labels=["gpu"]),
-            }
-            for index in range(pynvml.nvmlDeviceGetCount()):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
-                label = [str(index)]
-                families["sm"].add_metric(label, rates.gpu / 100.0)
-                families["bw"].add_metric(label, rates.memory / 100.0)
-                families["mem"].add_metric(label, pynvml.nvmlDeviceGetMemoryInfo(handle).used)
-                families["power"].add_metric(label, pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3)
-            yield from families.values()
-        except Exception:
-            return
-        finally:
-            try:
-                pynvml.nvmlShutdown()
-            except Exception:
-                pass
+        for field, (name, text, scale) in GPU_GAUGES.items():
+            family = GaugeMetricFamily(name, text, labels=["gpu"])
+            for sample in samples:
+                if sample.get(field) is not None:
+                    family.add_metric([str(sample["gpu_uuid"])], sample[field] * scale)
+            yield family
 
 
 class ReplicaCollector(Collector):

@@ -242,14 +242,14 @@ def receipt_headers(answer: Answer) -> dict[str, str]:
 
 
 def usage_json(answer: Answer) -> dict[str, int]:
-    data = answer.output.record.body["data"]
+    data = answer.output.record_content["data"]
     prompt_tokens, completion_tokens = data["input_token_count"], data["output_token_count"]
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
 
 
 def seed_used(answer: Answer) -> int | None:
-    seed: int | None = answer.output.record.body["data"]["generation"]["seed"]
+    seed: int | None = answer.output.record_content["data"]["generation"]["seed"]
     return seed
 
 
@@ -430,7 +430,7 @@ async def generate(request: web.Request) -> web.Response:
 
     def render(answer: Answer) -> Rendered:
         return ({"output": answer.output.text,
-                 "finish_reason": answer.output.record.body["data"]["finish_reason"],
+                 "finish_reason": answer.output.record_content["data"]["finish_reason"],
                  "usage": usage_json(answer), "seed": seed_used(answer),
                  **receipt_json(answer)}, receipt_headers(answer))
 
@@ -505,7 +505,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 def _openai_response(
     request: web.Request, answer: Answer, model: str, kind: str, choice: dict[str, Any]
 ) -> dict[str, Any]:
-    data = answer.output.record.body["data"]
+    data = answer.output.record_content["data"]
     choice["finish_reason"] = data["finish_reason"]
     prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
     return {
@@ -534,16 +534,34 @@ async def models(request: web.Request) -> web.Response:
 
 
 def _row_json(row: RecordRow, include_bytes: bool = False) -> dict[str, Any]:
+    """A mirror row. A v2 leaf (decision 0026) shows its body as ``record`` and its
+    envelope apart; with the bytes, ``canonical_base64`` is what the tree hashes (the
+    envelope) and ``body_base64`` the body."""
     result: dict[str, Any] = {
         "record_id": row.record_id, "leaf_index": row.leaf_index,
         "created_at": row.created_at.isoformat() + "Z", "tenant": row.tenant,
         **{k: v for k, v in row.columns.items()},
         "checkpoint_size": row.checkpoint_size, "anchor_ref": row.anchor_ref,
-        "record": json.loads(row.canonical),
+        "record": json.loads(row.canonical if row.body is None else row.body),
     }
+    if row.body is not None:
+        result["envelope"] = json.loads(row.canonical)
+        result["environment_index"] = row.environment_index
     if include_bytes:
         result["canonical_base64"] = base64.b64encode(row.canonical).decode()
+        if row.body is not None:
+            result["body_base64"] = base64.b64encode(row.body).decode()
     return result
+
+
+def _environment_json(row: RecordRow) -> dict[str, Any]:
+    """The environment leaf a v2 record names, as its record answer carries it (a
+    tenant's reader may not list log-wide leaves, but needs this one to verify)."""
+    assert row.body is not None
+    return {"leaf_index": row.leaf_index, "record_id": row.record_id,
+            "envelope_base64": base64.b64encode(row.canonical).decode(),
+            "body_base64": base64.b64encode(row.body).decode(),
+            "record": json.loads(row.body)}
 
 
 def _parse_time(request: web.Request, name: str) -> datetime | None:
@@ -608,7 +626,13 @@ async def _visible_record(request: web.Request) -> RecordRow:
 
 async def get_record(request: web.Request) -> web.Response:
     row = await _visible_record(request)
-    return web.json_response(_row_json(row, include_bytes=True))
+    answer = _row_json(row, include_bytes=True)
+    if row.environment_index is not None:
+        environment = await asyncio.to_thread(request.app[LEDGER].record_at,
+                                              row.environment_index)
+        if environment is not None and environment.body is not None:
+            answer["environment"] = _environment_json(environment)
+    return web.json_response(answer)
 
 
 async def record_proof(request: web.Request) -> web.Response:
@@ -629,15 +653,22 @@ async def record_proof(request: web.Request) -> web.Response:
         raise Problem(503, "Service Unavailable", "the record is not yet covered by a "
                       "checkpoint", headers={"Retry-After": "1"})
     # Both reads in the worker thread: the event loop never waits on the database.
-    proof, leaf_hash, note = await asyncio.to_thread(
+    environment_index = row.environment_index
+    proof, leaf_hash, note, environment_proof = await asyncio.to_thread(
         lambda: (ledger.inclusion_proof(row.leaf_index, latest.size),
                  ledger.leaf_hash(row.leaf_index),
-                 cosigned_note(ledger, latest.size, latest.note)))
-    return web.json_response({
+                 cosigned_note(ledger, latest.size, latest.note),
+                 None if environment_index is None
+                 else ledger.inclusion_proof(environment_index, latest.size)))
+    answer: dict[str, Any] = {
         "record_id": row.record_id, "leaf_index": row.leaf_index,
         "leaf_hash": leaf_hash.hex(), "tree_size": latest.size,
         "inclusion_proof": [h.hex() for h in proof], "checkpoint": note.decode(),
-    })
+    }
+    if environment_proof is not None:  # a v2 record's environment leaf, same checkpoint
+        answer["environment"] = {"leaf_index": environment_index,
+                                 "inclusion_proof": [h.hex() for h in environment_proof]}
+    return web.json_response(answer)
 
 
 async def latest_checkpoint(request: web.Request) -> web.Response:

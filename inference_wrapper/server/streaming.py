@@ -98,7 +98,7 @@ class _Sse:
         await self._write(self._chunk(choice))
 
     async def final(self, answer: Answer, start_index: int) -> None:
-        data = answer.output.record.body["data"]
+        data = answer.output.record_content["data"]
         choice: dict[str, Any] = {"index": 0, "logprobs": None,
                                   "finish_reason": data["finish_reason"]}
         if self.chat:

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from ledger.anchor.store import SqlAnchorStore
-from ledger.client.sources import ProofUnavailableError, RecordEvidence, RecordNotFoundError
+from ledger.client.sources import (
+    ProofUnavailableError,
+    RecordEvidence,
+    RecordNotFoundError,
+    StoredLeaf,
+)
 from ledger.errors import BackendError, InvalidInputError
 from ledger.store.sql import SqlLedger
 from ledger.witness.cosignatures import cosigned_note
@@ -24,7 +29,17 @@ class DatabaseSource:
             # the log does not have: the log has no such record (check 1), not a bad input.
             raise RecordNotFoundError(f"the mirror row of {record_id!r} points at leaf "
                                       f"{row.leaf_index}, which the log does not hold") from exc
-        return RecordEvidence(record_id, row.canonical, row.leaf_index, leaf, row.anchor_ref)
+        environment = None
+        if row.environment_index is not None:
+            named = self.ledger.record_at(row.environment_index)
+            if named is not None and named.body is not None:
+                environment = StoredLeaf(named.leaf_index, named.canonical, named.body)
+        return RecordEvidence(record_id, row.canonical, row.leaf_index, leaf, row.anchor_ref,
+                              row.body, environment)
+
+    def leaf_inclusion(self, record: RecordEvidence, leaf_index: int, size: int
+                       ) -> list[bytes]:
+        return self.ledger.inclusion_proof(leaf_index, size)
 
     def inclusion(self, record: RecordEvidence) -> tuple[list[bytes] | None, bytes]:
         """The proof (None when the log's tree lacks a node, or is smaller than its

@@ -13,6 +13,7 @@ from ledger.checkpoint import Checkpoint
 from ledger.client.sources import ServerSource
 from ledger.errors import BackendError
 from ledger.store.sql import SqlLedger
+from ledger.verify import LeafEvidence
 from ledger.witness.cosignatures import cosigned_note
 
 Progress = Callable[[int, int | None], None]
@@ -31,6 +32,7 @@ def export_from_db(url: str, since: datetime | None, until: datetime | None,
         if latest is None:
             raise BackendError("the log has no checkpoint yet")
         entries: list[BundleEntry] = []
+        environments: dict[int, LeafEvidence] = {}
         cursor: str | None = None
         while True:
             rows, cursor = ledger.query(since=since, until=until, limit=1000, cursor=cursor,
@@ -39,7 +41,15 @@ def export_from_db(url: str, since: datetime | None, until: datetime | None,
                 if row.leaf_index < latest.size:
                     entries.append(BundleEntry(row.record_id, row.leaf_index, row.canonical,
                                                ledger.inclusion_proof(row.leaf_index,
-                                                                      latest.size)))
+                                                                      latest.size),
+                                               row.body, row.environment_index))
+                    index = row.environment_index
+                    if index is not None and index not in environments:  # each once
+                        named = ledger.record_at(index)
+                        if named is not None and named.body is not None:
+                            environments[index] = LeafEvidence(
+                                index, named.canonical, named.body,
+                                ledger.inclusion_proof(index, latest.size))
             if progress:
                 progress(len(entries), None)
             if cursor is None:
@@ -57,7 +67,7 @@ def export_from_db(url: str, since: datetime | None, until: datetime | None,
         origin = latest.note.split(b"\n", 1)[0].decode()
         return Bundle(origin, log_key, cosigned_note(ledger, latest.size, latest.note), entries,
                       anchored.note if anchored else None, anchored.ref if anchored else None,
-                      consistency, proofs_from)
+                      consistency, proofs_from, environments)
 
 
 def export_from_server(base_url: str, api_key: str, since: datetime | None,
@@ -77,6 +87,7 @@ def export_from_server(base_url: str, api_key: str, since: datetime | None,
     if until:
         query["until"] = until.isoformat()
     entries: list[BundleEntry] = []
+    environments: dict[int, LeafEvidence] = {}
     cursor = None
     while True:
         page = server.get("/v1/records", **query, limit=500,
@@ -87,9 +98,18 @@ def export_from_server(base_url: str, api_key: str, since: datetime | None,
             quoted = urllib.parse.quote(row["record_id"], safe="")
             proof = server.get(f"/v1/records/{quoted}/proof", tree_size=size)
             full = server.get(f"/v1/records/{quoted}")
+            named = full.get("environment")
             entries.append(BundleEntry(row["record_id"], int(row["leaf_index"]),
                                        base64.b64decode(full["canonical_base64"]),
-                                       [bytes.fromhex(h) for h in proof["inclusion_proof"]]))
+                                       [bytes.fromhex(h) for h in proof["inclusion_proof"]],
+                                       base64.b64decode(full["body_base64"])
+                                       if "body_base64" in full else None,
+                                       int(named["leaf_index"]) if named else None))
+            if named and int(named["leaf_index"]) not in environments:  # each once
+                environments[int(named["leaf_index"])] = LeafEvidence(
+                    int(named["leaf_index"]), base64.b64decode(named["envelope_base64"]),
+                    base64.b64decode(named["body_base64"]),
+                    [bytes.fromhex(h) for h in proof["environment"]["inclusion_proof"]])
         if progress:
             progress(len(entries), None)
         cursor = page.get("next_cursor")
@@ -106,4 +126,4 @@ def export_from_server(base_url: str, api_key: str, since: datetime | None,
                    if 0 < start < size}
     return Bundle(key["origin"], key["verifier_key"], note, entries,
                   anchored[0] if anchored else None, anchored[1] if anchored else None,
-                  consistency, proofs_from)
+                  consistency, proofs_from, environments)

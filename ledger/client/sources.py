@@ -22,7 +22,16 @@ from ledger.errors import (
     InvalidInputError,
     LedgerError,
 )
-from ledger.verify import Evidence
+from ledger.verify import Evidence, LeafEvidence
+
+
+@dataclass(frozen=True)
+class StoredLeaf:
+    """A v2 leaf as a source holds it: index, envelope and body (no proof yet)."""
+
+    leaf_index: int
+    envelope: bytes
+    body: bytes
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,8 @@ class RecordEvidence:
     leaf_index: int
     log_leaf_hash: bytes | None
     anchor_ref: str | None
+    body: bytes | None = None  # a v2 leaf's body (``canonical`` is its envelope)
+    environment: StoredLeaf | None = None  # the environment leaf a v2 record names
 
 
 class RecordNotFoundError(BackendError):
@@ -45,6 +56,8 @@ class ProofUnavailableError(BackendError):
 class EvidenceSource(Protocol):
     def record(self, record_id: str) -> RecordEvidence: ...
     def inclusion(self, record: RecordEvidence) -> tuple[list[bytes] | None, bytes]: ...
+    def leaf_inclusion(self, record: RecordEvidence, leaf_index: int, size: int
+                       ) -> list[bytes]: ...
     def consistency(self, size1: int, size2: int) -> list[bytes]: ...
     def anchored(self) -> tuple[bytes, str] | None: ...
 
@@ -68,6 +81,21 @@ def gather(source: EvidenceSource, record_id: str,
     """
     record = source.record(record_id)
     proof, note = source.inclusion(record)
+    environment: LeafEvidence | None = None
+    if record.environment is not None:
+        size_now = _size(note)
+        environment_proof: list[bytes] = []
+        if size_now is not None:
+            try:
+                environment_proof = source.leaf_inclusion(
+                    record, record.environment.leaf_index, size_now)
+            except BackendUnavailableError:
+                raise
+            except (BackendError, InvalidInputError, LookupError):
+                pass  # no proof: check 2 fails on the environment leaf and says so
+        environment = LeafEvidence(
+            record.environment.leaf_index, record.environment.envelope,
+            record.environment.body, environment_proof)
     anchored = anchor_reader() if anchor_reader is not None else source.anchored()
     anchor_consistency: list[bytes] | None = []
     seen_consistency: list[bytes] | None = []
@@ -90,6 +118,7 @@ def gather(source: EvidenceSource, record_id: str,
         anchor_consistency=anchor_consistency, seen_consistency=seen_consistency,
         log_leaf_hash=record.log_leaf_hash,
         anchor_from_fabric=anchor_reader is not None and anchored is not None,
+        body=record.body, environment=environment,
         log_size=source.log_size() if hasattr(source, "log_size") else None,
     )
 
@@ -166,11 +195,32 @@ class ServerSource:
         self._proofs[record_id] = proof
         with _fields(f"/v1/records/{quoted}"):
             anchor_ref = body.get("anchor_ref")
-            return RecordEvidence(record_id,
-                                  base64.b64decode(body["canonical_base64"], validate=True),
-                                  strict_int(body["leaf_index"], "leaf_index"),
-                                  bytes.fromhex(proof["leaf_hash"]),
-                                  None if anchor_ref is None else str(anchor_ref))
+            environment = body.get("environment")
+            return RecordEvidence(
+                record_id, base64.b64decode(body["canonical_base64"], validate=True),
+                strict_int(body["leaf_index"], "leaf_index"),
+                bytes.fromhex(proof["leaf_hash"]),
+                None if anchor_ref is None else str(anchor_ref),
+                base64.b64decode(body["body_base64"], validate=True)
+                if "body_base64" in body else None,
+                None if environment is None else StoredLeaf(
+                    strict_int(environment["leaf_index"], "environment.leaf_index"),
+                    base64.b64decode(environment["envelope_base64"], validate=True),
+                    base64.b64decode(environment["body_base64"], validate=True)))
+
+    def leaf_inclusion(self, record: RecordEvidence, leaf_index: int, size: int
+                       ) -> list[bytes]:
+        # The record's proof answer carries its environment's proof at the same size.
+        path = f"/v1/records/{urllib.parse.quote(record.record_id, safe='')}/proof"
+        proof = self._proofs.get(record.record_id) or self.get(path)
+        with _fields(path):
+            environment = proof["environment"]
+            if (strict_int(environment["leaf_index"], "environment.leaf_index") != leaf_index
+                    or strict_int(proof["tree_size"], "tree_size") != size):
+                raise MalformedAnswerError(f"{path}: the environment proof is for leaf "
+                                           f"{environment['leaf_index']} at size "
+                                           f"{proof['tree_size']}")
+            return [bytes.fromhex(h) for h in environment["inclusion_proof"]]
 
     def inclusion(self, record: RecordEvidence) -> tuple[list[bytes], bytes]:
         # The server answers a record's proof by record id; record() fetched it.

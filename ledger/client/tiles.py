@@ -19,11 +19,19 @@ from ledger.checkpoint import Checkpoint
 from ledger.client import safe_http
 from ledger.errors import BackendUnavailableError, MalformedProofError
 from ledger.tiles import TileNodes, TileRef
-from ledger.window import MAX_LAG, WindowAnswer, WindowError, after_window, before_window
-from ledger.window import check_window as check_window
-from ledger.window import entry_time as entry_time
+from ledger.window import (
+    MAX_LAG,
+    WindowAnswer,
+    WindowError,
+    after_window,
+    before_window,
+    check_window,
+    entry_time,
+)
 
 FETCH_THREADS = 8
+# The largest file of the spec: a full bundle of 256 entries of 65,535 bytes each.
+MAX_FILE_BYTES = tiles.TILE_WIDTH * (2 + tiles.MAX_ENTRY_BYTES)
 
 
 class TileSource(Protocol):
@@ -42,7 +50,8 @@ class HttpTiles:
 
     def get(self, path: str) -> bytes | None:
         try:  # redirects stay on the prefix's origin (the key never leaves it), capped
-            data = safe_http.get(self.prefix + path, self.headers, self.timeout_s)
+            data = safe_http.get(self.prefix + path, self.headers, self.timeout_s,
+                                 MAX_FILE_BYTES)
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None

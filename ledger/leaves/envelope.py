@@ -12,6 +12,7 @@ the log's origin (decision record 0026 says what that discloses).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Mapping
@@ -31,6 +32,7 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
 TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z\Z")
 
 
+@functools.lru_cache(maxsize=4096)  # a log has few tenants; every record needs its tag
 def tenant_tag(origin: str, tenant: str) -> str:
     """The tag a tenant's leaves carry in this log (``origin``): a hash of both names,
     so one tenant's tags differ from log to log."""
@@ -79,9 +81,22 @@ def envelope_members(kind: str, created_at: str, tag: str | None, body: bytes
             "tenant_tag": tag, "body": body_digest(body)}
 
 
+def envelope_bytes(kind: str, created_at: str, tag: str | None, body: bytes) -> bytes:
+    """The envelope's canonical bytes, written out: every value is ASCII from a checked
+    alphabet (a kind, an RFC 3339 time, hex digests), so RFC 8785 is this exact text
+    (``tests/unit/test_leaves_v2.py`` compares it with the encoder)."""
+    if not TIMESTAMP.match(created_at) or (tag is not None and not _DIGEST.match(tag)) \
+            or not kind.isascii() or '"' in kind or "\\" in kind or not kind.isprintable():
+        return canonical_bytes(envelope_members(kind, created_at, tag, body))
+    return (b'{"body":"sha256:' + hashlib.sha256(body).hexdigest().encode("ascii")
+            + b'","created_at":"' + created_at.encode("ascii") + b'","kind":"'
+            + kind.encode("ascii") + b'","schema":"audit-leaf/v2","tenant_tag":'
+            + (b"null" if tag is None else b'"' + tag.encode("ascii") + b'"') + b"}")
+
+
 def seal(kind: str, content: Mapping[str, Any], body: bytes, tag: str | None) -> Leaf:
     """The leaf of an already validated body (``body``: its canonical bytes)."""
-    envelope = canonical_bytes(envelope_members(kind, str(content["created_at"]), tag, body))
+    envelope = envelope_bytes(kind, str(content["created_at"]), tag, body)
     return Leaf(envelope, body, merkle.hash_leaf(envelope), kind, content)
 
 

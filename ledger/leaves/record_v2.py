@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ledger.canonical import canonical_bytes, json_number
+from ledger.canonical import Layout, LayoutError, canonical_bytes, json_number
 from ledger.errors import CanonicalFormError
 from ledger.leaf_base import new_record_id, utc_timestamp, validate_common
 from ledger.leaves.commitments import validate_commitments
@@ -96,6 +96,133 @@ def build_record_v2(
         content["stream"] = {"start_record_id": stream_start_record_id}
     validate_record_v2(content)
     return seal(RECORD_KIND, content, canonical_bytes(content), tenant_tag(origin, tenant))
+
+
+@dataclass(frozen=True)
+class RowFacts:
+    """What differs from row to row of one batch (``build_records_v2``)."""
+
+    tenant: str
+    commitments: Mapping[str, str]
+    input_token_count: int
+    output_token_count: int
+    truncated: bool
+    finish_reason: str
+    padding_count: int
+    parse_ms: float
+    stream_start_record_id: str | None = None
+
+
+# The leaves of a v2 body that change from row to row of a batch (optional ones, when
+# present, too); every other leaf is the batch's.
+ROW_LEAVES = ("record_id", "tenant", "commitments.input", "commitments.input_ids",
+              "commitments.output", "commitments.output_ids", "data.input_token_count",
+              "data.output_token_count", "data.truncated", "data.finish_reason",
+              "data.padding.count", "batch.row", "timings_ms.parse")
+OPTIONAL_LEAVES = ("commitments.stop", "commitments.user", "stream.start_record_id")
+
+
+def build_records_v2(
+    *,
+    origin: str,
+    engine: str,
+    environment: EnvironmentRef,
+    batch_id: str,
+    padded_length: int,
+    padding_side: str,
+    generation: Mapping[str, Any],
+    timings_ms: Mapping[str, float],
+    rows: Sequence[RowFacts],
+    gpu_sample: Mapping[str, Any] | None = None,
+    created_at: str | None = None,
+) -> list[Leaf]:
+    """The leaves of one batch: the same bodies ``build_record_v2`` makes, row by row,
+    each validated; canonicalized through one ``Layout`` per combination of optional
+    members (compiled from the first body of the kind and checked against its full
+    encoding, and the last body of each kind encoded in full again), so a batch costs
+    one full encoding per kind, not per row."""
+    created_at = created_at or utc_timestamp()
+    shared_timings = {k: json_number(round(float(v), 3)) for k, v in timings_ms.items()}
+    shared_generation = {k: json_number(v) if isinstance(v, float) else v
+                         for k, v in generation.items()}
+    environment_json = environment.to_json()
+    sample = None if gpu_sample is None else dict(gpu_sample)
+    layouts: dict[tuple[str, ...], Layout] = {}
+    firsts: dict[tuple[str, ...], tuple[dict[str, Any], bytes]] = {}
+    lasts: dict[tuple[str, ...], tuple[dict[str, Any], bytes]] = {}
+    leaves = []
+    for row, facts in enumerate(rows):
+        content: dict[str, Any] = {
+            "schema": RECORD_KIND, "record_id": new_record_id(), "created_at": created_at,
+            "tenant": facts.tenant, "engine": engine, "environment": environment_json,
+            "commitments": dict(facts.commitments),
+            "data": {"input_token_count": facts.input_token_count,
+                     "output_token_count": facts.output_token_count,
+                     "truncated": facts.truncated, "finish_reason": facts.finish_reason,
+                     "shape": [len(rows), padded_length],
+                     "padding": {"side": padding_side, "count": facts.padding_count},
+                     "generation": shared_generation},
+            "batch": {"id": batch_id, "size": len(rows), "row": row},
+            "timings_ms": {**shared_timings, "parse": json_number(round(facts.parse_ms, 3))},
+            "gpu_sample": sample,
+        }
+        optional = tuple(path for path in OPTIONAL_LEAVES
+                         if path.split(".")[1] in content["commitments"])
+        if facts.stream_start_record_id is not None:
+            content["stream"] = {"start_record_id": facts.stream_start_record_id}
+            optional += ("stream.start_record_id",)
+        first = firsts.get(optional)
+        if first is None:  # the first of its kind: every rule, encoded in full
+            validate_record_v2(content)
+            body = canonical_bytes(content)
+            firsts[optional] = (content, body)
+        else:  # the rest share all but the row's own leaves
+            _validate_row_leaves(content)
+            layout = layouts.get(optional)
+            if layout is None:  # compiled at the second of a kind: a batch of one pays none
+                layout = Layout(first[0], [*ROW_LEAVES, *optional])
+                if layout.fill(first[0]) != first[1]:
+                    raise LayoutError("a v2 record layout disagrees with the full encoding")
+                layouts[optional] = layout
+            body = layout.fill(content)
+            lasts[optional] = (content, body)
+        leaves.append(seal(RECORD_KIND, content, body, tenant_tag(origin, facts.tenant)))
+    for content, body in lasts.values():  # a varying leaf missing from ROW_LEAVES fails here
+        if canonical_bytes(content) != body:
+            raise LayoutError("a v2 record's bytes disagree with its body: a leaf that "
+                              "varies from row to row is missing from the layout")
+    return leaves
+
+
+def _validate_row_leaves(body: Mapping[str, Any]) -> None:
+    """``validate_record_v2``'s rules for the leaves in ``ROW_LEAVES`` and the optional
+    ones: a body whose other leaves are a validated body's passes exactly when the full
+    rules would pass it."""
+    if not isinstance(body["tenant"], str) or not body["tenant"]:
+        raise _fail("tenant", "must be a non-empty string")
+    if not isinstance(body["record_id"], str) or not body["record_id"]:
+        raise _fail("record_id", "must be a non-empty string")
+    validate_commitments(body["commitments"])
+    data = body["data"]
+    _count(data["input_token_count"], "data.input_token_count")
+    _count(data["output_token_count"], "data.output_token_count")
+    if type(data["truncated"]) is not bool:
+        raise _fail("data.truncated", "must be a boolean")
+    if data["finish_reason"] not in FINISH_REASONS:
+        raise _fail("data.finish_reason", f"must be one of {sorted(FINISH_REASONS)}")
+    _count(data["padding"]["count"], "data.padding.count")
+    if data["input_token_count"] + data["padding"]["count"] != data["shape"][1]:
+        raise _fail("data.padding.count", "input tokens and padding must fill the row")
+    _count(body["batch"]["row"], "batch.row")
+    if not body["batch"]["row"] < body["batch"]["size"]:
+        raise _fail("batch.row", "must be less than batch.size")
+    parse = body["timings_ms"]["parse"]
+    if not _number(parse) or parse < 0:
+        raise _fail("timings_ms", "must map phase names to non-negative numbers")
+    stream = body.get("stream")
+    if stream is not None and (not isinstance(stream["start_record_id"], str)
+                               or not stream["start_record_id"]):
+        raise _fail("stream", "must hold exactly a non-empty start_record_id")
 
 
 def _fail(field: str, message: str) -> CanonicalFormError:

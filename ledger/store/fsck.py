@@ -116,7 +116,7 @@ def fsck(
                 report.findings.append(Finding("record_missing", f"leaf {index}",
                                                "log entry with no mirror row"))
             else:
-                _check_row(row, leaf, report)
+                _check_row(row, leaf, report, verifier.name)
                 report.records_checked += 1
                 row = next(rows, None)
             created.extend(node for node in compact.append(leaf) if node[0][0] > 0)
@@ -236,15 +236,15 @@ def _check_anchors(anchor_rows: list[_Anchor], verifier: NoteVerifier,
                 f"{roots_at.get(anchor.size, merkle.EMPTY_ROOT).hex()}"))
 
 
-def _check_row(row: RecordRow, leaf: bytes, report: FsckReport) -> None:
+def _check_row(row: RecordRow, leaf: bytes, report: FsckReport, origin: str) -> None:
     where = f"leaf {row.leaf_index} (record {row.record_id})"
     if merkle.hash_leaf(row.canonical) != leaf:
         report.findings.append(Finding("record_altered", where,
                                        "canonical bytes do not hash to the log's leaf"))
         return
     stored = dict(row.columns, record_id=row.record_id, tenant=row.tenant,
-                  created_at=row.created_at)
+                  created_at=row.created_at, environment_index=row.environment_index)
     for found in column_findings(row.leaf_index, row.record_id, row.canonical, stored,
-                                 strict=True):
+                                 strict=True, body=row.body, origin=origin):
         report.findings.append(Finding(found.kind, where,
                                        found.message.removeprefix(f"{where}: ")))

@@ -195,6 +195,9 @@ def _mirror_row(index: int, entry: bytes, sqlite: bool) -> tuple[object, ...]:
     created = parse_timestamp(columns["created_at"])
     columns["created_at"] = created.strftime("%Y-%m-%d %H:%M:%S.%f") if sqlite else created
     columns["leaf_index"], columns["canonical"] = index, entry
+    # A v1 leaf is its record: no body beside it, no environment leaf (decision 0026).
+    columns.setdefault("body", None)
+    columns.setdefault("environment_index", None)
     return tuple(columns[c] for c in RECORD_INSERT_COLUMNS)
 
 

@@ -9,9 +9,10 @@ Alembic migrations in ``migrations/``; a test checks the two agree.
 - ``log_meta`` is the log's identity: its unique origin and the verifier key of its
   signing key, fixed when the log is created.
 - ``records`` is the auditors' mirror: typed, indexed columns and the exact canonical
-  bytes that were hashed, each row written once. Which checkpoint and which anchor cover
-  a row is derived from the ``checkpoints`` and ``anchors`` sizes, never stored on it
-  (decision 0029).
+  bytes that were hashed (for a v2 leaf its envelope, with its body beside it), each row
+  written once. Which checkpoint and which anchor cover a row is derived from the
+  ``checkpoints`` and ``anchors`` sizes, never stored on it (decision 0029);
+  ``environments`` holds the filter columns of each environment leaf.
 """
 
 from __future__ import annotations
@@ -88,12 +89,36 @@ records = Table(
     Column("input_commitment", String(80)),
     Column("output_commitment", String(80)),
     Column("canonical", LargeBinary, nullable=False),  # the exact bytes that were hashed
+    # v2 leaves (decision 0026): ``canonical`` is the envelope, ``body`` the body beside
+    # it; a v2 record names the environment leaf it ran under. NULL for v1 leaves.
+    Column("body", LargeBinary),
+    Column("environment_index", BigInteger),
     Index("ix_records_created_at", "created_at"),
     Index("ix_records_tenant_created_at", "tenant", "created_at"),
-    Index("ix_records_model_digest", "model_digest"),
-    Index("ix_records_accelerator_model", "accelerator_model"),
-    Index("ix_records_driver_version", "driver_version"),
-    Index("ix_records_service_revision", "service_revision"),
+    # Only rows with a value (migration 0012): a v2 record's are NULL, its environment's
+    # are in ``environments``.
+    *(Index(f"ix_records_{column}", column, sqlite_where=text(f"{column} IS NOT NULL"),
+            postgresql_where=text(f"{column} IS NOT NULL"))
+      for column in ("model_digest", "accelerator_model", "driver_version",
+                     "service_revision")),
+    Index("ix_records_environment_index", "environment_index"),
+)
+
+# The filter columns of each environment/v1 leaf (decision 0026): a v2 record's model,
+# accelerator, driver, torch and service revision are its environment's, found through
+# records.environment_index. Recomputed by ``audit`` from the leaf's bytes.
+environments = Table(
+    "environments",
+    metadata,
+    Column("leaf_index", BigInteger, primary_key=True, autoincrement=False),
+    Column("model_name", String(256)),
+    Column("model_digest", String(80)),
+    Column("accelerator", String(16)),
+    Column("accelerator_model", String(128)),
+    Column("driver_version", String(64)),
+    Column("torch_version", String(64)),
+    Column("torch_commit", String(64)),
+    Column("service_revision", String(64)),
 )
 
 api_keys = Table(

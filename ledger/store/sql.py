@@ -33,6 +33,7 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    or_,
     select,
     text,
 )
@@ -47,14 +48,25 @@ from ledger.errors import (
     BackendUnavailableError,
     DuplicateRecordError,
     InvalidInputError,
+    LedgerError,
     SequencerBusyError,
     WorkerDiedError,
 )
+from ledger.leaves.body_codec import pack_body, unpack_body
+from ledger.leaves.envelope import Leaf
+from ledger.leaves.mirror import environment_row, leaf_columns
 from ledger.record import AuditRecord, mirror_columns
 from ledger.store import fencing
 from ledger.store.fencing import PROCESS_TAG
 from ledger.store.file_modes import private_sqlite_files
-from ledger.store.schema import anchors, checkpoints, log_meta, records, tree_state
+from ledger.store.schema import (
+    anchors,
+    checkpoints,
+    environments,
+    log_meta,
+    records,
+    tree_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +77,18 @@ PG_NODE_ROWS_PER_STATEMENT = 8192
 PG_RECORD_ROWS_PER_STATEMENT = 2048
 QUERY_FILTERS = ("tenant", "model_digest", "accelerator_model", "driver_version",
                  "service_revision")
+# Filters a v2 record answers through its environment (``environments``).
+ENVIRONMENT_FILTERS = frozenset(QUERY_FILTERS) - {"tenant"}
+# What the log appends: a v1 record (its bytes are the leaf) or a v2 leaf (decision 0026).
+LogLeaf = AuditRecord | Leaf
+
+
+def row_columns(leaf: LogLeaf) -> dict[str, Any]:
+    """A leaf's mirror row, but for its index (``created_at`` as RFC 3339 text)."""
+    if isinstance(leaf, Leaf):
+        return {**leaf_columns(leaf), "canonical": leaf.envelope, "body": pack_body(leaf.body)}
+    return {**mirror_columns(leaf), "canonical": leaf.canonical, "body": None,
+            "environment_index": None}
 
 
 @dataclass(frozen=True)
@@ -181,9 +205,28 @@ class RecordRow:
     created_at: datetime
     tenant: str
     columns: dict[str, Any]
-    canonical: bytes
+    canonical: bytes  # a v1 record's bytes, or a v2 leaf's envelope
     checkpoint_size: int | None  # the first checkpoint covering it (derived, not stored)
     anchor_ref: str | None  # the first anchor covering it (derived, not stored)
+    stored_body: bytes | None = None  # a v2 leaf's body as stored (None for v1)
+    environment_index: int | None = None  # the environment leaf of a v2 record
+
+    @property
+    def body(self) -> bytes | None:
+        """A v2 leaf's body (None for v1). Stored bytes that do not unpack are handed on as
+        they are: they then fail the envelope's digest (verify check 1, audit, fsck)."""
+        if self.stored_body is None:
+            return None
+        try:
+            return unpack_body(self.stored_body)
+        except LedgerError:
+            return self.stored_body
+
+    @property
+    def leaf_body(self) -> bytes:
+        """The record as readers parse it: a v1 record's bytes, a v2 leaf's body."""
+        body = self.body
+        return self.canonical if body is None else body
 
 
 def parse_timestamp(text: str) -> datetime:
@@ -255,7 +298,7 @@ class _Pending:
 
     __slots__ = ("record", "future", "loop")
 
-    def __init__(self, record: AuditRecord, loop: asyncio.AbstractEventLoop | None = None):
+    def __init__(self, record: LogLeaf, loop: asyncio.AbstractEventLoop | None = None):
         self.record = record
         self.loop = loop
         self.future: Future[Receipt] | asyncio.Future[Receipt] = (
@@ -415,17 +458,17 @@ class SqlLedger:
                 items = item if isinstance(item, list) else [item]
                 self._answer(items, [error] * len(items))
 
-    def submit(self, record: AuditRecord) -> Future[Receipt]:
+    def submit(self, record: LogLeaf) -> Future[Receipt]:
         """Queue an append; the future resolves once it is durably committed."""
         pending = _Pending(record)
         self._enqueue(pending)
         assert isinstance(pending.future, Future)
         return pending.future
 
-    def append(self, record: AuditRecord, timeout: float | None = 60.0) -> Receipt:
+    def append(self, record: LogLeaf, timeout: float | None = 60.0) -> Receipt:
         return self.submit(record).result(timeout)
 
-    async def append_async(self, record: AuditRecord) -> Receipt:
+    async def append_async(self, record: LogLeaf) -> Receipt:
         """Append from asyncio; a whole group's waiters are woken with one loop call."""
         loop = asyncio.get_running_loop()
         pending = _Pending(record, loop)
@@ -433,7 +476,7 @@ class SqlLedger:
         assert isinstance(pending.future, asyncio.Future)
         return await pending.future
 
-    async def append_many_async(self, records: Sequence[AuditRecord]
+    async def append_many_async(self, records: Sequence[LogLeaf]
                                 ) -> list[Receipt | BaseException]:
         """Append a batch's records together (one group, normally one transaction).
 
@@ -559,6 +602,7 @@ class SqlLedger:
             results: list[Receipt | Exception] = []
             assigned: dict[str, Receipt] = {}
             record_rows: list[tuple[Any, ...]] = []
+            environment_rows: list[dict[str, Any]] = []
             node_rows: list[tuple[int, int, bytes]] = []
             created_at: dict[str, Any] = {}
             for pending in group:
@@ -577,7 +621,7 @@ class SqlLedger:
                 index = compact.size
                 node_rows.extend((level, idx, node_hash) for (level, idx), node_hash
                                  in compact.append(record.leaf_hash))
-                columns = mirror_columns(record)
+                columns = row_columns(record)
                 stamp = columns["created_at"]
                 if self.max_created_lag is not None:
                     moment = parse_timestamp(stamp)
@@ -593,13 +637,18 @@ class SqlLedger:
                     created_at[stamp] = created if self.is_postgres else _sqlite_datetime(created)
                 columns["created_at"] = created_at[stamp]
                 columns["leaf_index"] = index
-                columns["canonical"] = record.canonical
                 record_rows.append(tuple(columns[c] for c in RECORD_INSERT_COLUMNS))
+                if isinstance(record, Leaf):
+                    environment = environment_row(record)
+                    if environment is not None:
+                        environment_rows.append({"leaf_index": index, **environment})
                 receipt = Receipt(record.record_id, index, record.leaf_hash)
                 assigned[record.record_id] = receipt
                 results.append(receipt)
             if record_rows:
                 self._insert_rows(conn, node_rows, record_rows)
+                if environment_rows:  # rare: an engine started or changed
+                    conn.execute(environments.insert().values(environment_rows))  # one request
                 conn.exec_driver_sql(
                     f"UPDATE tree_state SET size = {mark}, root = {mark} WHERE id = 1",
                     (compact.size, compact.root()))
@@ -779,16 +828,25 @@ class SqlLedger:
     # --- the mirror -----------------------------------------------------------------
 
     def get_record(self, record_id: str) -> RecordRow | None:
+        """A mirror row; a v2 record's filter columns are its environment's."""
         with self.engine.connect() as conn:
-            row = conn.execute(_mirror_select().where(records.c.record_id == record_id)
-                               ).first()
+            row = conn.execute(_with_coverage(_mirror_select())
+                               .where(records.c.record_id == record_id)).first()
         return _record_row(row) if row else None
 
     def record_at(self, leaf_index: int) -> RecordRow | None:
         with self.engine.connect() as conn:
-            row = conn.execute(_mirror_select().where(records.c.leaf_index == leaf_index)
-                               ).first()
+            row = conn.execute(_with_coverage(_mirror_select())
+                               .where(records.c.leaf_index == leaf_index)).first()
         return _record_row(row) if row else None
+
+    def environments(self) -> dict[int, dict[str, Any]]:
+        """Every ``environments`` row by its leaf index, as stored (``audit`` checks them
+        against the leaves' bytes)."""
+        with self.engine.connect() as conn:
+            return {int(row.leaf_index): {k: v for k, v in row._mapping.items()
+                                          if k != "leaf_index"}
+                    for row in conn.execute(select(environments))}
 
     def query(
         self,
@@ -809,7 +867,7 @@ class SqlLedger:
             raise InvalidInputError(sorted(unknown)[0], "is not a known filter")
         if not 1 <= limit <= 10_000:
             raise InvalidInputError("limit", "must be between 1 and 10000")
-        statement = _mirror_select().order_by(records.c.leaf_index).limit(limit + 1)
+        statement = _with_coverage(_mirror_select()).order_by(records.c.leaf_index).limit(limit + 1)
         if cursor is not None:
             statement = statement.where(records.c.leaf_index > decode_cursor(cursor))
         if since is not None:
@@ -817,7 +875,14 @@ class SqlLedger:
         if until is not None:
             statement = statement.where(records.c.created_at < _naive_utc(until))
         for name, value in filters.items():
-            if value is not None:
+            if value is None:
+                continue
+            if name in ENVIRONMENT_FILTERS:  # a v1 row's own column, or a v2 row's environment's
+                statement = statement.where(or_(
+                    records.c[name] == value,
+                    records.c.environment_index.in_(
+                        select(environments.c.leaf_index).where(environments.c[name] == value))))
+            else:
                 statement = statement.where(records.c[name] == value)
         with self.engine.connect() as conn:
             rows = [_record_row(r) for r in conn.execute(statement)]
@@ -853,7 +918,8 @@ class SqlLedger:
 RECORD_INSERT_COLUMNS = (
     "leaf_index", "record_id", "created_at", "tenant", "model_name", "model_digest",
     "accelerator", "accelerator_model", "driver_version", "torch_version", "torch_commit",
-    "service_revision", "input_commitment", "output_commitment", "canonical",
+    "service_revision", "input_commitment", "output_commitment", "canonical", "body",
+    "environment_index",
 )
 
 
@@ -861,7 +927,7 @@ def _sqlite_datetime(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
-def _idempotent_receipt(record: AuditRecord, index: int, canonical: bytes) -> Receipt | Exception:
+def _idempotent_receipt(record: LogLeaf, index: int, canonical: bytes) -> Receipt | Exception:
     if bytes(canonical) != record.canonical:
         return DuplicateRecordError(
             f"record id {record.record_id} is already used by another record"
@@ -894,6 +960,28 @@ def _read_nodes(conn: Connection, keys: Sequence[merkle.Node]) -> dict[merkle.No
         for level, idx, node_hash in conn.exec_driver_sql(sql, tuple(params)):
             found[(int(level), int(idx))] = bytes(node_hash)
     return found
+
+
+def _mirror_select() -> Any:
+    """The mirror as auditors read it: a v2 record's filter columns (NULL in its own row)
+    are filled from the environment it names."""
+    names = [c.name for c in environments.c if c.name != "leaf_index"]
+    return select(
+        *[c for c in records.c if c.name not in names],
+        *[func.coalesce(records.c[n], environments.c[n]).label(n) for n in names],
+    ).select_from(records.outerjoin(
+        environments, environments.c.leaf_index == records.c.environment_index))
+
+
+def _with_coverage(statement: Any) -> Any:
+    """``statement`` (a mirror select) plus the checkpoint that first covers each row and
+    the anchor that covers it, computed from their sizes (decision 0029): each one
+    primary-key lookup. Scans use ``_Coverage`` instead."""
+    return statement.add_columns(
+        select(func.min(checkpoints.c.size)).where(checkpoints.c.size > records.c.leaf_index)
+        .scalar_subquery().label("checkpoint_size"),
+        select(anchors.c.ref).where(anchors.c.size > records.c.leaf_index)
+        .order_by(anchors.c.size).limit(1).scalar_subquery().label("anchor_ref"))
 
 
 def _checkpoint(row: Any) -> StoredCheckpoint:
@@ -944,18 +1032,6 @@ class _Coverage:
         return self.anchor_refs[at] if at < len(self.anchor_refs) else None
 
 
-def _mirror_select() -> Any:
-    """Mirror rows with the checkpoint that first covers each and the anchor that covers
-    it, computed from the checkpoint and anchor sizes (each one primary-key lookup)."""
-    return select(
-        records,
-        select(func.min(checkpoints.c.size)).where(checkpoints.c.size > records.c.leaf_index)
-        .scalar_subquery().label("checkpoint_size"),
-        select(anchors.c.ref).where(anchors.c.size > records.c.leaf_index)
-        .order_by(anchors.c.size).limit(1).scalar_subquery().label("anchor_ref"),
-    )
-
-
 def _record_row(row: Any, coverage: _Coverage | None = None) -> RecordRow:
     """A mirror row; its covering checkpoint and anchor come from the row (computed by
     ``_mirror_select``) or from ``coverage``."""
@@ -974,6 +1050,8 @@ def _record_row(row: Any, coverage: _Coverage | None = None) -> RecordRow:
         canonical=bytes(mapping.pop("canonical")),
         checkpoint_size=None if checkpoint_size is None else int(checkpoint_size),
         anchor_ref=anchor_ref,
+        stored_body=None if (body := mapping.pop("body")) is None else bytes(body),
+        environment_index=mapping.pop("environment_index"),
         columns=mapping,
     )
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from ledger.digest import commitment_matches
+from ledger.leaves import commitments
 from tests.live_service import ROOT, LiveService, start_service
 
 
@@ -132,9 +132,9 @@ def test_only_auditors_read_content_with_a_purpose_and_each_read_is_logged(live:
     assert leaf["record"]["access"]["purpose"] == "MiFID II review"
     assert leaf["record"]["access"]["record_id"] == record_id
     status, record = live.call("GET", f"/v1/records/{record_id}", live.auditor)
-    data = record["record"]["data"]
-    assert commitment_matches(data["input_commitment"], bytes.fromhex(content["input_salt"]),
-                              content["prompt"])
+    assert commitments.opens(record["record"]["commitments"]["input"],
+                             bytes.fromhex(content["input_salt"]), "input",
+                             content["prompt"].encode())
     assert "alice" not in json.dumps(record) and "alice" not in json.dumps(leaf)
 
     # The command line does the same and opens the commitments (check 5).

@@ -20,6 +20,8 @@ from tests.wrapped_generator import WrappedGenerator
 
 MakeClient = Callable[..., Awaitable[Any]]
 
+ENV = 1  # every service log starts with its engine's environment leaf (decision 0026)
+
 
 class CountingGenerator(WrappedGenerator):
     """The tiny generator, counting the requests that reach the model (generation waits
@@ -46,9 +48,9 @@ class NoStreaming(WrappedGenerator):
 class HeldSeal(WrappedGenerator):
     """The tiny generator; sealing (the records) waits until the test has seen text."""
 
-    def seal(self, batch: Any) -> Any:
+    def seal(self, batch: Any, log: Any = None) -> Any:
         self.wait_for_gate()
-        return self.inner.seal(batch)
+        return self.inner.seal(batch, log)
 
 
 async def _start(aiohttp_client: MakeClient, tmp_path: Path, generator: Any) -> Any:
@@ -182,11 +184,11 @@ async def test_a_retry_after_the_vault_failed_gets_the_same_answer_and_no_second
     first = await client.post("/v1/generate", json=body, headers=headers)
     problem = await first.json()
     assert first.status == 503 and "output" not in problem and "input_salt" not in problem
-    assert app[LEDGER].tree_head()[0] == 1  # the record is committed, its content not kept
+    assert app[LEDGER].tree_head()[0] == ENV + 1  # the record is committed, its content not kept
     again = await client.post("/v1/generate", json=body, headers=headers)
     replay = await again.json()
     assert counted.generated == 1  # not generated again
-    assert app[LEDGER].tree_head()[0] == 1  # the one record, no second one
+    assert app[LEDGER].tree_head()[0] == ENV + 1  # the one record, no second one
     # The retry answers what the first request answered, naming the committed record.
     assert again.status == 503
     differs = {"request_id"}  # each request has its own
@@ -202,7 +204,7 @@ async def test_a_retry_after_the_vault_failed_gets_the_same_answer_and_no_second
     plain = await client.post("/v1/generate", json=body, headers=bearer(tokens["client"]))
     assert plain.status == 503 and plain.headers["Retry-After"] == "1"
     assert (await plain.json())["record_id"] != record_id
-    assert counted.generated == 2 and app[LEDGER].tree_head()[0] == 2
+    assert counted.generated == 2 and app[LEDGER].tree_head()[0] == ENV + 2
 
 
 async def test_the_openai_client_retrying_a_vault_failure_makes_one_record(
@@ -220,7 +222,7 @@ async def test_the_openai_client_retrying_a_vault_failure_makes_one_record(
             model="tiny-llama", prompt="Transfer 100 to account", max_tokens=2,
             extra_headers={"Idempotency-Key": "transfer-100"})
     await openai.close()
-    assert counted.generated == 1 and app[LEDGER].tree_head()[0] == 1  # three tries, one record
+    assert counted.generated == 1 and app[LEDGER].tree_head()[0] == ENV + 1  # 3 tries, 1 record
     error = caught.value
     assert error.status_code == 503
     assert isinstance(error.body, dict) and error.body["type"] == "server_error"
@@ -248,7 +250,7 @@ async def test_a_repeat_sent_while_the_first_runs_gets_its_answer_after_the_vaul
     await asyncio.sleep(0)  # (whether the repeat waits or finds it stored, it answers alike)
     counted.gate.set()
     one, two = await first, await repeat
-    assert counted.generated == 1 and app[LEDGER].tree_head()[0] == 1
+    assert counted.generated == 1 and app[LEDGER].tree_head()[0] == ENV + 1
     assert one.status == two.status == 503
     assert (await one.json())["record_id"] == (await two.json())["record_id"]
 
@@ -290,14 +292,14 @@ async def test_a_stream_whose_content_the_vault_failed_to_keep_names_its_committ
     assert "input_salt" not in error and "output_salt" not in error  # as without streaming
     # Exactly the request's two records are in the log, and the error names both.
     ledger = app[LEDGER]
-    assert ledger.tree_head()[0] == 2
+    assert ledger.tree_head()[0] == ENV + 2
     done_row = ledger.get_record(error["record_id"])
     start_row = ledger.get_record(error["stream_start_record_id"])
     assert done_row is not None and start_row is not None
-    assert {start_row.leaf_index, done_row.leaf_index} == {0, 1}
-    done, start = json.loads(done_row.canonical), json.loads(start_row.canonical)
+    assert {start_row.leaf_index, done_row.leaf_index} == {ENV, ENV + 1}
+    done, start = json.loads(done_row.leaf_body), json.loads(start_row.leaf_body)
     assert start["schema"] == STREAM_START_SCHEMA
-    assert done["data"]["stream_start_record_id"] == start["record_id"]
+    assert done["stream"]["start_record_id"] == start["record_id"]
     assert error["record_id"] in error["message"]
     assert error["stream_start_record_id"] in error["message"]
 
@@ -320,14 +322,14 @@ async def test_the_openai_client_reads_the_committed_record_of_a_failed_stream(
     assert error.status_code == 503 and isinstance(error.body, dict)
     assert "the record was committed" in error.body["message"]
     assert app[LEDGER].get_record(error.body["record_id"]) is not None
-    assert app[LEDGER].tree_head()[0] == 2
+    assert app[LEDGER].tree_head()[0] == ENV + 2
 
 
 async def test_a_stream_whose_record_could_not_be_appended_says_so(unstreamed: Any) -> None:
     client, app, tokens = unstreamed
     with app[LEDGER].engine.begin() as conn:  # a real failure of the completed record only
         conn.execute(text("CREATE TRIGGER refuse_completed BEFORE INSERT ON records "
-                          "WHEN NEW.output_commitment IS NOT NULL "
+                          "WHEN NEW.environment_index IS NOT NULL "
                           "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"))
     route = "/v1/completions"
     response = await client.post(route, json=_stream_body(route, "pay invoice 13"),
@@ -339,10 +341,11 @@ async def test_a_stream_whose_record_could_not_be_appended_says_so(unstreamed: A
     assert "record_id" not in error  # nothing committed to name as the request's record
     assert "the audit record could not be committed" in error["message"]
     # Only the start record is in the log, and the error says which it is.
-    assert app[LEDGER].tree_head()[0] == 1
+    assert app[LEDGER].tree_head()[0] == ENV + 1
     with app[LEDGER].engine.connect() as conn:
-        rows = conn.execute(text("SELECT record_id, canonical FROM records")).all()
-    assert len(rows) == 1
+        rows = conn.execute(text("SELECT record_id, canonical FROM records "
+                                 "WHERE body IS NULL")).all()
+    assert len(rows) == 1  # (and the environment leaf, a v2 leaf with a body)
     assert json.loads(rows[0].canonical)["schema"] == STREAM_START_SCHEMA
     assert f"stream start record {rows[0].record_id}" in error["message"]
 
@@ -350,7 +353,7 @@ async def test_a_stream_whose_record_could_not_be_appended_says_so(unstreamed: A
 def _refuse_completed_records(app: Any) -> None:
     with app[LEDGER].engine.begin() as conn:  # a real failure of the completed record only
         conn.execute(text("CREATE TRIGGER refuse_completed BEFORE INSERT ON records "
-                          "WHEN NEW.output_commitment IS NOT NULL "
+                          "WHEN NEW.environment_index IS NOT NULL "
                           "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"))
 
 
@@ -392,8 +395,8 @@ async def test_a_vault_failure_after_text_was_streamed_ends_with_an_error_naming
     assert "input_salt" not in raw and "output_salt" not in raw  # no receipt: no salts
     done = app[LEDGER].get_record(error["record_id"])
     start = app[LEDGER].get_record(error["stream_start_record_id"])
-    assert done is not None and start is not None and app[LEDGER].tree_head()[0] == 2
-    assert json.loads(done.canonical)["data"]["stream_start_record_id"] == start.record_id
+    assert done is not None and start is not None and app[LEDGER].tree_head()[0] == ENV + 2
+    assert json.loads(done.leaf_body)["stream"]["start_record_id"] == start.record_id
     assert chunks[0]["id"].endswith(start.record_id)
 
 
@@ -425,7 +428,7 @@ async def test_the_openai_client_raises_on_an_error_after_streamed_text(
     assert isinstance(error.body, dict)
     assert "the audit record could not be committed" in error.message
     assert "the text streamed so far has no completed record" in error.message
-    assert app[LEDGER].tree_head()[0] == 1  # only the start record
+    assert app[LEDGER].tree_head()[0] == ENV + 1  # only the start record
     assert f"stream start record {chunk.id.removeprefix('cmpl-')}" in error.message
 
 
@@ -443,7 +446,7 @@ async def test_a_record_refused_after_text_was_streamed_says_it_was_not_committe
     assert error["message"].startswith("the audit record could not be committed")
     start_id = chunks[0]["id"].removeprefix("chatcmpl-")
     assert f"stream start record {start_id} is in the log" in error["message"]
-    assert app[LEDGER].tree_head()[0] == 1
+    assert app[LEDGER].tree_head()[0] == ENV + 1
 
 
 async def test_retention_days_beyond_the_bound_are_422_never_500(service: Any) -> None:

@@ -72,6 +72,12 @@ async def test_a_killed_engine_fails_its_batch_and_comes_back(
         engine: SupervisedEngine) -> None:
     first_pid = engine.pid
     assert first_pid is not None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + START_TIMEOUT_S
+    while engine.reserve_pid is None:  # the warm reserve the restart will load into
+        assert loop.time() < deadline, "no warm reserve"
+        await asyncio.sleep(0.05)
+    reserve_pid = engine.reserve_pid
     stepped = asyncio.Event()
     # 512 steps: the batch is still in the engine when the first step's kill lands.
     held = asyncio.ensure_future(engine.generate(_batch("hold me", max_new_tokens=512),
@@ -85,7 +91,7 @@ async def test_a_killed_engine_fails_its_batch_and_comes_back(
         await engine.generate(_batch("while it is down"), None)
 
     await asyncio.wait_for(engine.up.wait(), START_TIMEOUT_S)  # the supervisor restarted it
-    assert engine.alive() and engine.pid not in (None, first_pid)
+    assert engine.alive() and engine.pid == reserve_pid != first_pid
     assert (engine.deaths, engine.restarts) == (1, 1)
     result = await engine.generate(_batch("after the restart"), None)
     assert result.engine_id == "engine-0" and result.output_ids[0]
@@ -93,7 +99,8 @@ async def test_a_killed_engine_fails_its_batch_and_comes_back(
 
 async def test_batches_are_spread_over_two_engines_and_records_name_theirs(
         tiny_model_dir: Path, tiny_manifest: dict[str, Any], tmp_path: Path) -> None:
-    engines = [SupervisedEngine(_spec(tiny_model_dir, f"engine-{i}")) for i in range(2)]
+    engines = [SupervisedEngine(_spec(tiny_model_dir, f"engine-{i}"), reserve=False)
+               for i in range(2)]
     served = load_served_model(tiny_model_dir, name="tiny-llama", manifest=tiny_manifest)
     generator = AuditedGenerator(served, engines=engines)
     await asyncio.wait_for(asyncio.gather(*(e.start() for e in engines)), START_TIMEOUT_S)
@@ -141,7 +148,7 @@ async def test_the_api_outlives_a_killed_engine(aiohttp_client: Any, tiny_model_
     from inference_wrapper.server.app import BATCHER, KEYS, LEDGER, create_app
     from inference_wrapper.server.settings import Settings
 
-    engine = SupervisedEngine(_spec(tiny_model_dir), backoff_s=(0.1,))
+    engine = SupervisedEngine(_spec(tiny_model_dir), backoff_s=(0.1,), reserve=False)
     served = load_served_model(tiny_model_dir, name="tiny-llama", manifest=tiny_manifest)
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'ledger.db'}",
                         log_key_path=tmp_path / "log.key", max_wait_ms=1.0,
@@ -164,7 +171,7 @@ async def test_the_api_outlives_a_killed_engine(aiohttp_client: Any, tiny_model_
     assert answer.status == 503 and answer.headers["Retry-After"] == "2"
     problem = await answer.json()
     assert "engine is down" in problem["detail"] and "record_id" not in problem
-    assert app[LEDGER].tree_head()[0] == 0  # nothing was recorded for it
+    assert app[LEDGER].tree_head()[0] == 1  # nothing recorded for it (leaf 0: environment)
     assert (await client.get("/healthz")).status == 200
     ready = await client.get("/readyz")
     assert ready.status == 503 and (await ready.json())["checks"]["engine_serving"] is False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import sys
 from collections import defaultdict
@@ -27,8 +28,8 @@ from inference_wrapper.server.routes import ROUTES, openapi_document
 from inference_wrapper.server.settings import Settings
 from ledger import merkle
 from ledger.checkpoint import NoteVerifier
-from ledger.digest import commitment_matches
 from ledger.errors import BackendUnavailableError
+from ledger.leaves import commitments
 
 Client = TestClient  # type: ignore[type-arg]
 MakeClient = Callable[..., Awaitable[Any]]
@@ -74,14 +75,20 @@ async def test_generate_answers_with_a_receipt_that_opens_its_record(service: An
                                      headers=bearer(tokens["a"]))).json()
     import base64
 
-    canonical = base64.b64decode(record["canonical_base64"])
-    assert merkle.hash_leaf(canonical).hex() == answer["leaf_hash"]
-    data = record["record"]["data"]
-    assert commitment_matches(data["input_commitment"], bytes.fromhex(answer["input_salt"]),
-                              "Hello ledger")
-    assert commitment_matches(data["output_commitment"], bytes.fromhex(answer["output_salt"]),
-                              answer["output"])
-    assert record["tenant"] == "bank-a"
+    envelope = base64.b64decode(record["canonical_base64"])
+    assert merkle.hash_leaf(envelope).hex() == answer["leaf_hash"]
+    body = base64.b64decode(record["body_base64"])
+    assert json.loads(envelope)["body"] == "sha256:" + hashlib.sha256(body).hexdigest()
+    held = record["record"]["commitments"]
+    assert commitments.opens(held["input"], bytes.fromhex(answer["input_salt"]), "input",
+                             b"Hello ledger")
+    assert commitments.opens(held["output"], bytes.fromhex(answer["output_salt"]), "output",
+                             answer["output"].encode())
+    assert record["tenant"] == "bank-a" and record["record"]["schema"] == "audit-record/v2"
+    # The environment leaf it names comes with it (leaf 0: written when the engine started).
+    assert record["environment"]["leaf_index"] == record["record"]["environment"]["leaf_index"]
+    assert record["environment"]["record"]["model"]["name"] == "tiny-llama"
+    assert record["model_name"] == "tiny-llama"  # the mirror's column, through it
 
     proof = await (await client.get(f"/v1/records/{answer['record_id']}/proof",
                                      headers=bearer(tokens["a"]))).json()
@@ -194,14 +201,15 @@ async def test_64_concurrent_requests_give_64_gap_free_records(service: Any) -> 
                     headers=bearer(tokens["a"])) for p in prompts))
     answers = [await r.json() for r in responses]
     assert [r.status for r in responses] == [200] * 64
-    assert sorted(a["leaf_index"] for a in answers) == list(range(64))
+    assert sorted(a["leaf_index"] for a in answers) == list(range(1, 65))  # 0: environment
     batches: dict[str, list[dict[str, Any]]] = defaultdict(list)
     ledger = client.server.app[LEDGER]
     for answer in answers:
         row = ledger.get_record(answer["record_id"])
         assert row is not None
-        batch = json.loads(row.canonical)["data"]["batch"]
-        batches[batch["id"]].append(batch)
+        body = json.loads(row.leaf_body)
+        batch = body["batch"]
+        batches[batch["id"]].append({**batch, "padded_length": body["data"]["shape"][1]})
     assert len(batches) < 64  # requests were batched
     for members in batches.values():
         assert sorted(m["row"] for m in members) == list(range(members[0]["size"]))
@@ -238,7 +246,7 @@ async def test_full_queue_answers_503_with_retry_after(
     for response in responses:
         if response.status == 503:
             assert response.headers["Retry-After"] == "1"
-    assert app[LEDGER].tree_head()[0] == statuses.count(200)
+    assert app[LEDGER].tree_head()[0] == 1 + statuses.count(200)  # and the environment leaf
 
 
 async def test_openai_client_calls_both_routes(service: Any) -> None:
@@ -281,11 +289,11 @@ async def test_checkpoints_and_consistency_routes(service: Any) -> None:
     app = client.server.app
     app[LEDGER].seal_checkpoint(app[SIGNER], app[SETTINGS].origin)
     latest = await (await client.get("/v1/checkpoints/latest", headers=bearer(tokens["a"]))).json()
-    assert latest["tree_size"] == 3
+    assert latest["tree_size"] == 4  # the environment leaf and three records
     proof = await client.get("/v1/checkpoints/consistency?from=1&to=3",
                              headers=bearer(tokens["a"]))
     assert proof.status == 200 and len((await proof.json())["proof"]) == 2
-    bad = await client.get("/v1/checkpoints/consistency?from=4&to=3", headers=bearer(tokens["a"]))
+    bad = await client.get("/v1/checkpoints/consistency?from=5&to=4", headers=bearer(tokens["a"]))
     assert bad.status == 400 and (await bad.json())["field"] == "from"
 
 

@@ -14,7 +14,8 @@ import pytest
 
 from inference_wrapper.server.app import GENERATOR, KEYS, LEDGER, LIFECYCLE, create_app
 from inference_wrapper.server.settings import Settings
-from ledger.digest import commitment_matches
+from ledger.canonical import canonical_bytes
+from ledger.leaves import commitments
 
 MakeClient = Callable[..., Awaitable[Any]]
 LONG_PROMPT = "y" * 1100  # the tiny tokenizer is byte-level: 1,100 tokens > 1,024
@@ -39,7 +40,7 @@ def bearer(token: str) -> dict[str, str]:
 def record_of(client: Any, record_id: str) -> dict[str, Any]:
     row = client.server.app[LEDGER].get_record(record_id)
     assert row is not None
-    body: dict[str, Any] = json.loads(row.canonical)
+    body: dict[str, Any] = json.loads(row.leaf_body)  # an audit-record/v2 body
     return body
 
 
@@ -169,7 +170,7 @@ async def test_requests_after_shutdown_began_get_503(service: Any) -> None:
     assert response.status == 503 and response.headers["Retry-After"] == "5"
     assert (await response.json())["detail"] == "the service is shutting down"
     assert (await client.get("/healthz")).status == 200  # probes still answer
-    assert client.server.app[LEDGER].tree_head()[0] == 0
+    assert client.server.app[LEDGER].tree_head()[0] == 1  # the environment leaf alone
 
 
 # --- the tokenization contract ---------------------------------------------------------
@@ -215,7 +216,7 @@ async def test_chat_truncation_never_drops_the_system_prompt(service: Any) -> No
         "model": model, "messages": messages[1:], "max_tokens": 2, "truncate": "left"},
         headers=bearer(tokens["a"]))
     assert no_system.status == 200
-    assert client.server.app[LEDGER].tree_head()[0] == 1
+    assert client.server.app[LEDGER].tree_head()[0] == 2  # the environment leaf and one
 
 
 # --- OpenAI compatibility ------------------------------------------------------------------
@@ -241,12 +242,17 @@ async def test_openai_stop_n_user_seed_and_fingerprint(service: Any) -> None:
     assert choice["text"] == cut and choice["finish_reason"] == "stop"
     assert answer["system_fingerprint"] == "fp_" + generator.loaded.digest.split(":")[1][:16]
     assert answer["seed"] is None  # greedy: no seed was used
-    data = record_of(client, answer["audit"]["record_id"])["data"]
-    assert data["stop"] == ["\x00never", stop] and data["finish_reason"] == "stop"
-    assert commitment_matches(data["output_commitment"],
-                              bytes.fromhex(answer["audit"]["output_salt"]), cut)
-    assert commitment_matches(data["user_commitment"],
-                              bytes.fromhex(answer["audit"]["user_salt"]), "customer-7")
+    record = record_of(client, answer["audit"]["record_id"])
+    held, data = record["commitments"], record["data"]
+    assert data["finish_reason"] == "stop"
+    # The stop strings and the user are caller content: committed, never disclosed.
+    assert commitments.opens(held["stop"], bytes.fromhex(answer["audit"]["input_salt"]),
+                             "stop", canonical_bytes(["\x00never", stop]))
+    assert commitments.opens(held["output"], bytes.fromhex(answer["audit"]["output_salt"]),
+                             "output", cut.encode())
+    assert commitments.opens(held["user"], bytes.fromhex(answer["audit"]["user_salt"]),
+                             "user", b"customer-7")
+    assert "never" not in json.dumps(record)
     assert "customer-7" not in json.dumps(record_of(client, answer["audit"]["record_id"]))
     assert answer["usage"]["completion_tokens"] == data["output_token_count"] <= 24
 
@@ -298,7 +304,7 @@ async def test_openai_errors_have_openais_shape(
     assert (error["param"], error["code"], error["type"]) == (param, code,
                                                               "invalid_request_error")
     assert error["message"]
-    assert client.server.app[LEDGER].tree_head()[0] == 0
+    assert client.server.app[LEDGER].tree_head()[0] == 1  # the environment leaf alone
 
 
 async def test_official_openai_client_reads_message_param_and_code(service: Any) -> None:
@@ -382,7 +388,7 @@ def test_cli_creates_all_tenant_admins_only(tmp_path: Path,
 async def test_replay_reproduces_stop_cut_and_truncated_records(
     service: Any, tiny_model_dir: Path
 ) -> None:
-    from inference_wrapper.audit.replay import replay
+    from inference_wrapper.audit.replay import replay_v2
 
     client, tokens = service
     model = client.server.app[GENERATOR].loaded.name
@@ -394,9 +400,16 @@ async def test_replay_reproduces_stop_cut_and_truncated_records(
     truncated = await (await client.post("/v1/completions", json={
         **base, "prompt": LONG_PROMPT, "truncate": "left"}, headers=bearer(tokens["a"]))).json()
     manifest = tiny_model_dir.parent / f"{tiny_model_dir.name}.manifest.json"
-    for answer, prompt in ((stopped, "Replay me"), (truncated, LONG_PROMPT)):
+    ledger = client.server.app[LEDGER]
+    for answer, prompt, stop in ((stopped, "Replay me", (text[3],)),
+                                 (truncated, LONG_PROMPT, ())):
         record = record_of(client, answer["audit"]["record_id"])
-        result = replay(record, prompt, model_dir=tiny_model_dir, manifest_path=manifest)
+        environment = ledger.record_at(record["environment"]["leaf_index"])
+        # A v2 record's token ids and stop strings are commitments: the salts open them.
+        result = replay_v2(record, json.loads(environment.leaf_body), prompt,
+                           input_salt=bytes.fromhex(answer["audit"]["input_salt"]),
+                           output_salt=bytes.fromhex(answer["audit"]["output_salt"]),
+                           stop=stop, model_dir=tiny_model_dir, manifest_path=manifest)
         assert result.reproduced and result.input_ids_match
         assert result.replayed_text == answer["choices"][0]["text"]
     assert stopped["choices"][0]["finish_reason"] == "stop"

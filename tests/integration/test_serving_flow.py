@@ -17,6 +17,7 @@ import pytest
 from inference_wrapper.server.app import BATCHER, IDEMPOTENCY, KEYS, LEDGER, create_app
 from inference_wrapper.server.settings import Settings
 from ledger.digest import commitment_matches
+from ledger.leaves import commitments
 from ledger.stream_record import STREAM_START_SCHEMA
 from tests.wrapped_generator import WrappedGenerator
 
@@ -81,7 +82,7 @@ async def test_outstanding_work_beyond_the_bound_gets_503_with_retry_after(
     assert "outstanding" in (await over.json())["detail"]
     gated.gate.set()
     assert [r.status for r in await asyncio.gather(*first)] == [200, 200, 200]
-    assert app[LEDGER].tree_head()[0] == 3
+    assert app[LEDGER].tree_head()[0] == 1 + 3  # the engine's environment leaf first
 
 
 async def test_a_timed_out_queued_request_is_dropped_before_generate(
@@ -101,7 +102,8 @@ async def test_a_timed_out_queued_request_is_dropped_before_generate(
     gated.gate.set()
     await _until(lambda: app[BATCHER].outstanding == 0, "the first request committed")
     assert gated.batches == [1]  # the second never reached the model
-    assert app[LEDGER].tree_head()[0] == 1  # the first one, in the model already, committed
+    # The environment leaf, and the first one, in the model already, committed.
+    assert app[LEDGER].tree_head()[0] == 2
 
 
 async def test_a_queued_request_whose_caller_disconnected_is_dropped_before_generate(
@@ -127,7 +129,7 @@ async def test_a_queued_request_whose_caller_disconnected_is_dropped_before_gene
     await _until(lambda: app[BATCHER].outstanding == 0, "the queue empty")
     assert gated.batches == [1]  # the second never reached the model
     assert app[BATCHER].dropped == 1
-    assert app[LEDGER].tree_head()[0] == 1
+    assert app[LEDGER].tree_head()[0] == 2  # the environment leaf and the first record
 
 
 # --- Idempotency-Key ----------------------------------------------------------------------
@@ -147,7 +149,7 @@ async def test_a_repeat_with_the_same_key_returns_the_original_answer(
     one, two = await first.json(), await again.json()
     assert one == two  # salts included
     assert again.headers["X-Audit-Record-Id"] == one["record_id"]
-    assert app[LEDGER].tree_head()[0] == 1
+    assert app[LEDGER].tree_head()[0] == 2  # the environment leaf and one record
     other = await client.post("/v1/generate", json={**body, "prompt": "pay invoice 18"},
                               headers=headers)
     assert other.status == 422
@@ -157,7 +159,7 @@ async def test_a_repeat_with_the_same_key_returns_the_original_answer(
     theirs = await client.post("/v1/generate", json=body,
                                headers=bearer(token_b, **{"Idempotency-Key": "order-17"}))
     assert theirs.status == 200 and (await theirs.json())["record_id"] != one["record_id"]
-    assert app[LEDGER].tree_head()[0] == 2
+    assert app[LEDGER].tree_head()[0] == 3
     bad = await client.post("/v1/generate", json=body,
                             headers=bearer(token, **{"Idempotency-Key": "has space"}))
     assert bad.status == 422 and (await bad.json())["field"] == "Idempotency-Key"
@@ -202,15 +204,15 @@ async def test_openai_client_retrying_a_timed_out_request_makes_one_record_and_g
     await openai.close()
     assert statuses == [504, 200]
     assert gated.batches == [1]  # generated once
-    assert app[LEDGER].tree_head()[0] == 1  # one record
+    assert app[LEDGER].tree_head()[0] == 2  # the environment leaf and one record
     audit = completion.model_extra["audit"]  # type: ignore[index]
     row = app[LEDGER].get_record(audit["record_id"])
     assert row is not None and row.leaf_index == audit["leaf_index"]
-    data = json.loads(row.canonical)["data"]
-    assert commitment_matches(data["input_commitment"], bytes.fromhex(audit["input_salt"]),
-                              "Transfer 100 to account")
-    assert commitment_matches(data["output_commitment"], bytes.fromhex(audit["output_salt"]),
-                              completion.choices[0].text)
+    held = json.loads(row.leaf_body)["commitments"]
+    assert commitments.opens(held["input"], bytes.fromhex(audit["input_salt"]), "input",
+                             b"Transfer 100 to account")
+    assert commitments.opens(held["output"], bytes.fromhex(audit["output_salt"]), "output",
+                             completion.choices[0].text.encode())
 
 
 async def test_a_late_first_request_does_not_overwrite_the_claim_that_took_over_its_key(
@@ -273,16 +275,18 @@ async def test_streamed_chat_with_the_official_client_ends_with_the_receipt(
     done_row = ledger.get_record(audit["record_id"])
     assert start_row is not None and done_row is not None
     assert start_row.leaf_index == audit["stream_start_leaf_index"] < done_row.leaf_index
-    start, done = json.loads(start_row.canonical), json.loads(done_row.canonical)
+    start, done = json.loads(start_row.leaf_body), json.loads(done_row.leaf_body)
     assert start["schema"] == STREAM_START_SCHEMA and "output_commitment" not in start["data"]
-    assert done["data"]["stream_start_record_id"] == start["record_id"]
+    assert done["stream"]["start_record_id"] == start["record_id"]
     salt_in, salt_out = (bytes.fromhex(audit["input_salt"]), bytes.fromhex(audit["output_salt"]))
     tokenizer = tiny_generator.loaded.tokenizer
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Say hi"}],
                                            tokenize=False, add_generation_prompt=True)
     assert commitment_matches(start["data"]["input_commitment"], salt_in, prompt)
-    assert done["data"]["input_commitment"] == start["data"]["input_commitment"]
-    assert commitment_matches(done["data"]["output_commitment"], salt_out, text)
+    # The start record is still a v1 kind; the final record is audit-record/v2, whose
+    # labelled commitments the same salts open.
+    assert commitments.opens(done["commitments"]["input"], salt_in, "input", prompt.encode())
+    assert commitments.opens(done["commitments"]["output"], salt_out, "output", text.encode())
     assert start["data"]["generation"]["max_new_tokens"] == 12
 
 
@@ -303,10 +307,10 @@ async def test_streamed_completion_over_raw_sse(
     audit = chunks[-1]["audit"]
     row = app[LEDGER].get_record(audit["record_id"])
     assert row is not None
-    record = json.loads(row.canonical)
+    record = json.loads(row.leaf_body)
     text = "".join(c["choices"][0]["text"] for c in chunks)
-    assert commitment_matches(record["data"]["output_commitment"],
-                              bytes.fromhex(audit["output_salt"]), text)
+    assert commitments.opens(record["commitments"]["output"],
+                             bytes.fromhex(audit["output_salt"]), "output", text.encode())
     fetched = await (await client.get(f"/v1/records/{audit['stream_start_record_id']}",
                                       headers=bearer(token))).json()
     assert fetched["record"]["schema"] == STREAM_START_SCHEMA
@@ -365,7 +369,8 @@ async def test_no_chunk_leaves_when_the_start_record_cannot_be_committed(
     text = await response.text()
     assert "data:" not in text and "database is down" not in text
     assert json.loads(text)["error"]["type"]
-    assert app[BATCHER].outstanding == 0 and app[LEDGER].tree_head()[0] == 0
+    # Only the environment leaf, written when the engine started.
+    assert app[BATCHER].outstanding == 0 and app[LEDGER].tree_head()[0] == 1
 
 
 def test_expired_receipts_are_purged(settings: Settings) -> None:

@@ -58,7 +58,7 @@ async def test_sigterm_drains_in_flight_requests(tmp_path: Path, tiny_model_dir:
     assert proc.wait(timeout=GATE_TIMEOUT_S) == 0, "".join(service.output)[-2000:]
     assert [status for status, _ in results] == [200] * REQUESTS, results
     with SqlLedger(service.database_url) as ledger:
-        assert ledger.tree_head()[0] == REQUESTS
+        assert ledger.tree_head()[0] == 1 + REQUESTS  # and the engine's environment leaf
         for _, body in results:
             assert ledger.get_record(str(body["record_id"])) is not None
 
@@ -140,10 +140,10 @@ async def test_new_connections_during_the_drain_get_503_not_refused(
     assert status == 200, answer
     receipt = json.loads(answer)
     assert headers["x-audit-record-id"] == receipt["record_id"]
-    assert receipt["leaf_index"] == 0 and receipt["leaf_hash"]
+    assert receipt["leaf_index"] == 1 and receipt["leaf_hash"]  # after the environment leaf
     assert proc.wait(timeout=GATE_TIMEOUT_S) == 0, "".join(service.output)[-2000:]
     with SqlLedger(service.database_url) as ledger:
-        assert ledger.tree_head()[0] == 1  # the 503s recorded nothing
+        assert ledger.tree_head()[0] == 2  # the 503s recorded nothing
         assert ledger.get_record(receipt["record_id"]) is not None
         latest = ledger.latest_checkpoint()
         assert latest is not None and latest.size == 1  # sealed before the exit
@@ -187,4 +187,4 @@ async def test_a_second_sigterm_ends_the_drain_at_once(tmp_path: Path,
         assert time.monotonic() < deadline, "".join(service.output)[-2000:]
         await asyncio.sleep(0.01)  # the output thread may still be reading the last lines
     with SqlLedger(service.database_url) as ledger:
-        assert ledger.tree_head()[0] == 0
+        assert ledger.tree_head()[0] == 1  # the environment leaf alone

@@ -19,7 +19,8 @@ import pytest
 from inference_wrapper.engine.generate import streamable_text
 from inference_wrapper.server.app import BATCHER, KEYS, LEDGER, create_app
 from inference_wrapper.server.settings import Settings
-from ledger.digest import commitment_matches
+from ledger.canonical import canonical_bytes
+from ledger.leaves import commitments
 from ledger.stream_record import STREAM_START_SCHEMA
 from tests.wrapped_generator import WrappedGenerator
 
@@ -94,7 +95,7 @@ class PausedModel:
 
 def _record(app: Any, record_id: str) -> dict[str, Any] | None:
     row = app[LEDGER].get_record(record_id)
-    return None if row is None else dict(json.loads(row.canonical))
+    return None if row is None else dict(json.loads(row.leaf_body))
 
 
 # --- text leaves while the batch generates ---------------------------------------------
@@ -126,7 +127,8 @@ async def test_text_arrives_while_the_model_is_still_generating(
         start_id = chunks[0]["id"].split("-", 1)[1]
         start = _record(app, start_id)  # durable before the first text left
         assert start is not None and start["schema"] == STREAM_START_SCHEMA
-        assert app[LEDGER].tree_head()[0] == 1  # the completed record is not there yet
+        # The environment leaf and the start record: the completed record is not there yet.
+        assert app[LEDGER].tree_head()[0] == 2
         model.release.set()
         async for event in stream:
             if event == "[DONE]":
@@ -139,9 +141,9 @@ async def test_text_arrives_while_the_model_is_still_generating(
         model.release.set()
     audit = chunks[-1]["audit"]
     done = _record(app, audit["record_id"])
-    assert done is not None and done["data"]["stream_start_record_id"] == start_id
-    assert commitment_matches(done["data"]["output_commitment"],
-                              bytes.fromhex(audit["output_salt"]), streamed)
+    assert done is not None and done["stream"]["start_record_id"] == start_id
+    assert commitments.opens(done["commitments"]["output"],
+                             bytes.fromhex(audit["output_salt"]), "output", streamed.encode())
     assert done["data"]["output_token_count"] == 16 and len(streamed) == 16
 
 
@@ -199,8 +201,8 @@ async def test_streamed_deltas_join_to_the_text_the_record_commits_to(
     audit = final["audit"]
     done = _record(app, audit["record_id"])
     assert done is not None
-    assert commitment_matches(done["data"]["output_commitment"],
-                              bytes.fromhex(audit["output_salt"]), streamed)
+    assert commitments.opens(done["commitments"]["output"],
+                             bytes.fromhex(audit["output_salt"]), "output", streamed.encode())
     assert all("audit" not in c for c in chunks[:-2])
 
 
@@ -240,9 +242,11 @@ async def test_the_official_client_streams_the_recorded_text_with_a_stop_sequenc
     assert chunks[-1].choices[0].finish_reason == "stop"
     audit = chunks[-1].model_extra["audit"]  # type: ignore[index]
     done = _record(app, audit["record_id"])
-    assert done is not None and done["data"]["stop"] == args["stop"]
-    assert commitment_matches(done["data"]["output_commitment"],
-                              bytes.fromhex(audit["output_salt"]), streamed)
+    assert done is not None and commitments.opens(
+        done["commitments"]["stop"], bytes.fromhex(audit["input_salt"]), "stop",
+        canonical_bytes(list(args["stop"])))
+    assert commitments.opens(done["commitments"]["output"],
+                             bytes.fromhex(audit["output_salt"]), "output", streamed.encode())
 
 
 def test_only_text_that_can_no_longer_change_is_streamable(tiny_generator: Any) -> None:
@@ -306,8 +310,8 @@ async def _mixed_batch(aiohttp_client: MakeClient, settings: Settings, tiny_gene
     else:
         text = plain_text(COMPLETIONS, await first.json())
     record = _record(app, plain["audit"]["record_id"])
-    assert record is not None and record["data"]["batch"]["size"] == 2
-    return text, plain, gated.streamed, str(record["data"]["batch"]["id"])
+    assert record is not None and record["batch"]["size"] == 2
+    return text, plain, gated.streamed, str(record["batch"]["id"])
 
 
 async def test_a_plain_request_batched_with_a_streamed_one_gets_the_same_answer(
@@ -358,31 +362,29 @@ async def test_a_caller_that_leaves_mid_stream_still_gets_its_record_committed(
         model.release.set()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 60
-    while app[BATCHER].outstanding or app[LEDGER].tree_head()[0] < 3:
+    while app[BATCHER].outstanding or app[LEDGER].tree_head()[0] < 4:  # with the environment
         assert loop.time() < deadline, "the left stream's record was never committed"
         await asyncio.sleep(0.01)
     rows = [json.loads(r) for r in _canonicals(app)]
-    completed = [r for r in rows if r["data"].get("stream_start_record_id") == start_id]
+    completed = [r for r in rows if r.get("stream", {}).get("start_record_id") == start_id]
     assert len(completed) == 1 and completed[0]["data"]["output_token_count"] == 16
-    assert completed[0]["data"]["batch"]["id"] == _record(
-        app, answer["audit"]["record_id"])["data"]["batch"]["id"]  # type: ignore[index]
+    assert completed[0]["batch"]["id"] == _record(
+        app, answer["audit"]["record_id"])["batch"]["id"]  # type: ignore[index]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 def _canonicals(app: Any) -> list[bytes]:
-    from sqlalchemy import text
-
-    with app[LEDGER].engine.connect() as conn:
-        return [row.canonical for row in conn.execute(text("SELECT canonical FROM records"))]
+    """Every leaf as readers parse it: a v2 leaf's body, a v1 leaf's bytes."""
+    return [row.leaf_body for row in app[LEDGER].iter_records()]
 
 
 class DifferentText(WrappedGenerator):
     """A deliberate bug: the answer's text is not what was streamed. Sealing waits until
     the test has seen text, so the mismatch is found at the end."""
 
-    def seal(self, batch: Any) -> Any:
+    def seal(self, batch: Any, log: Any = None) -> Any:
         self.wait_for_gate()
-        return [replace(out, text="#" + out.text) for out in self.inner.seal(batch)]
+        return [replace(out, text="#" + out.text) for out in self.inner.seal(batch, log)]
 
 
 async def test_a_recorded_text_other_than_the_streamed_one_ends_with_an_error_not_a_receipt(

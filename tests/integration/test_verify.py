@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import hashlib
 import json
 import sqlite3
 from collections.abc import Callable
@@ -26,8 +27,11 @@ from inference_wrapper.server.app import (
     create_app,
 )
 from inference_wrapper.server.settings import Settings
+from ledger.canonical import canonical_bytes
 from ledger.checkpoint import Checkpoint, NoteSigner
 from ledger.cosignature import add_cosignatures
+from ledger.leaves.body_codec import pack_body, unpack_body
+from ledger.leaves.envelope import tenant_tag
 from ledger.store.schema import records
 from ledger.store.sql import SqlLedger
 from tests.records import make_record
@@ -103,7 +107,10 @@ async def test_genuine_record_verifies_online_with_prompt_and_output(
     assert [c["status"] for c in result["checks"]] == ["pass"] * 3 + ["self-anchored", "pass"]
     assert "local:" in result["checks"][3]["reason"] and result["trust"] == "self-anchored"
     state = list((tmp_path / "home" / "verifier").glob("*.note"))
-    assert len(state) == 1 and b"\n1\n" in state[0].read_bytes()
+    # Size 2: the engine's environment leaf (index 0) and the record.
+    assert len(state) == 1 and b"\n2\n" in state[0].read_bytes()
+    assert result["environment"]["model_name"] == "tiny-llama", result
+    assert "environment leaf 0" in result["checks"][1]["reason"]
 
 
 async def test_genuine_record_verifies_from_the_database(
@@ -128,7 +135,9 @@ async def test_bundle_verifies_offline_and_names_each_record(
     assert code == 0
     code, result = await cli(capsys, "verify", "--bundle", str(bundle), "--log-key",
                              service.log_key, *SELF, "--json")
-    assert code == 0 and result["verified"] == 5 and result["failed"] == 0
+    # The auditor's bundle holds every leaf: the environment leaf and the five records.
+    assert code == 0 and result["verified"] == 6 and result["failed"] == 0
+    assert len(json.loads(bundle.read_text())["environments"]) == 1
     db_bundle = tmp_path / "db.json"
     code, _ = await cli(capsys, "export", "--db", service.settings.database_url, "--bundle",
                         str(db_bundle))
@@ -175,9 +184,23 @@ async def test_one_changed_byte_in_the_record_fails_check_1(
     engine = create_engine(service.settings.database_url)
     with engine.begin() as conn:
         row = conn.execute(records.select().where(records.c.record_id == answer["record_id"])).one()
-        edited = bytes(row.canonical).replace(b'"bank-a"', b'"bank-b"')
+        edited = unpack_body(bytes(row.body)).replace(b'"bank-a"', b'"bank-b"')
         conn.execute(update(records).where(records.c.record_id == answer["record_id"])
-                     .values(canonical=edited))
+                     .values(body=pack_body(edited)))
+    engine.dispose()
+    code, result = await cli(capsys, "verify", answer["record_id"], "--db",
+                             service.settings.database_url, "--log-key", service.log_key,
+                             *SELF, "--json")
+    assert code == 1 and failed_check(result) == 1
+    assert "the body hashes to" in result["checks"][0]["reason"]
+    # The envelope changed to match the changed body: it no longer hashes to the leaf.
+    fields = json.loads(bytes(row.canonical))
+    fields["body"] = "sha256:" + hashlib.sha256(edited).hexdigest()
+    fields["tenant_tag"] = tenant_tag(service.app[SETTINGS].origin, "bank-b")
+    engine = create_engine(service.settings.database_url)
+    with engine.begin() as conn:
+        conn.execute(update(records).where(records.c.record_id == answer["record_id"])
+                     .values(canonical=canonical_bytes(fields)))
     engine.dispose()
     code, result = await cli(capsys, "verify", answer["record_id"], "--db",
                              service.settings.database_url, "--log-key", service.log_key,
@@ -263,6 +286,7 @@ async def lying_server(aiohttp_client: Any, service: Service, record_id: str,
 
 
 async def _three_records(service: Service) -> list[dict[str, Any]]:
+    """Checkpoints of sizes 3 and 4 (leaf 0 is the engine's environment leaf)."""
     answers = [await service.generate(f"p{i}") for i in range(2)]
     service.seal()
     answers.append(await service.generate("p2"))
@@ -309,7 +333,7 @@ async def test_lying_server_truncated_consistency_proof_fails_check_4(
 ) -> None:
     answers = await _three_records(service)
     # Make the anchored checkpoint an older one so a consistency proof is needed.
-    older = service.app[LEDGER].checkpoint(2)
+    older = service.app[LEDGER].checkpoint(3)
     assert older is not None
 
     def lie(a: dict[str, Any]) -> None:
@@ -333,14 +357,14 @@ async def test_rolled_back_checkpoint_fails_check_4(
     code, _ = await cli(capsys, "verify", answers[2]["record_id"], "--db",
                         service.settings.database_url, "--log-key", service.log_key, *SELF,
                         "--state", str(state))
-    assert code == 0 and b"\n3\n" in state.read_bytes()
-    # The log is rolled back to the size-2 checkpoint: its newer history removed.
+    assert code == 0 and b"\n4\n" in state.read_bytes()
+    # The log is rolled back to the size-3 checkpoint: its newer history removed.
     engine = create_engine(service.settings.database_url)
     from ledger.store.schema import anchors, checkpoints
 
     with engine.begin() as conn:
-        conn.execute(delete(checkpoints).where(checkpoints.c.size == 3))
-        conn.execute(delete(anchors).where(anchors.c.size == 3))
+        conn.execute(delete(checkpoints).where(checkpoints.c.size == 4))
+        conn.execute(delete(anchors).where(anchors.c.size == 4))
     engine.dispose()
     code, result = await cli(capsys, "verify", answers[0]["record_id"], "--db",
                              service.settings.database_url, "--log-key", service.log_key, *SELF,
@@ -355,8 +379,8 @@ async def test_split_view_same_size_other_root_fails_check_4(
     answers = await _three_records(service)
     origin = service.app[SETTINGS].origin
     state = tmp_path / "state.note"
-    # This verifier was once shown another tree of size 3, signed with the log's key.
-    state.write_bytes(service.app[SIGNER].sign_checkpoint(Checkpoint(origin, 3, bytes(32))))
+    # This verifier was once shown another tree of size 4, signed with the log's key.
+    state.write_bytes(service.app[SIGNER].sign_checkpoint(Checkpoint(origin, 4, bytes(32))))
     code, result = await cli(capsys, "verify", answers[1]["record_id"], "--db",
                              service.settings.database_url, "--log-key", service.log_key, *SELF,
                              "--state", str(state), "--json")
@@ -373,7 +397,8 @@ async def test_audit_detects_deleted_and_extra_rows(
     args = ("audit", "--db", service.settings.database_url, "--from", "2000-01-01",
             "--to", "2100-01-01", "--log-key", service.log_key, "--json")
     code, result = await cli(capsys, *args)
-    assert code == 0 and result["complete"] and result["records_in_range"] == 4
+    # Five in range: the environment leaf and the four records.
+    assert code == 0 and result["complete"] and result["records_in_range"] == 5
     engine = create_engine(service.settings.database_url)
     with engine.begin() as conn:
         row = dict(conn.execute(records.select().where(records.c.leaf_index == 1)).one()._mapping)
@@ -401,7 +426,8 @@ async def test_replay_reproduces_the_output_token_digest(
     code, result = await cli(capsys, "verify", answer["record_id"], "--db",
                              service.settings.database_url, "--log-key", service.log_key, *SELF,
                              "--prompt-file", str(tmp_path / "p.txt"), "--input-salt",
-                             answer["input_salt"], "--replay", "--model-dir",
+                             answer["input_salt"], "--output", answer["output"],
+                             "--output-salt", answer["output_salt"], "--replay", "--model-dir",
                              str(tiny_model_dir), "--model-manifest", str(manifest), "--json")
     assert code == 0, result
     assert result["checks"][5]["check"] == 6 and result["checks"][5]["status"] == "pass"
@@ -485,15 +511,15 @@ async def test_older_and_forked_bundles_fail_check_4_offline_after_a_newer_check
     key = ("--log-key", service.log_key, *SELF, "--state", str(state))
     code, result = await verify_json(capsys, answers[0]["record_id"], "--server", service.url,
                                      "--api-key", service.auditor, *key)
-    assert code == 0 and result["tree_size"] == 5, result
+    assert code == 0 and result["tree_size"] == 6, result
 
-    # An older bundle (size 3): a rollback, seen offline without any proof.
+    # An older bundle (size 4): a rollback, seen offline without any proof.
     code, result = await verify_json(capsys, "--bundle", str(old), *key)
-    assert code == 1 and result["failed"] == 3
+    assert code == 1 and result["failed"] == 4
     assert {r["failed_check"] for r in result["results"]} == {4}
     assert "RollbackError" in result["results"][0]["checks"][3]["reason"]
 
-    # A fork signed with the log's key: another tree of size 5, then one of size 6.
+    # A fork signed with the log's key: another tree of size 6, then one of size 7.
     grow(service, fork_url, 2, "forked")
     forked = tmp_path / "forked.json"
     assert (await cli(capsys, "export", "--db", fork_url, "--bundle", str(forked)))[0] == 0
@@ -505,17 +531,17 @@ async def test_older_and_forked_bundles_fail_check_4_offline_after_a_newer_check
     code, result = await verify_json(capsys, "--bundle", str(forked), *key)
     assert code == 1 and {r["failed_check"] for r in result["results"]} == {4}
     assert "RootMismatchError" in result["results"][0]["checks"][3]["reason"]
-    assert Checkpoint.peek(state.read_bytes()).size == 5  # no failure moved the state
+    assert Checkpoint.peek(state.read_bytes()).size == 6  # no failure moved the state
 
-    # The honest log grown to 6: its bundle proves it extends size 5, and advances the state.
+    # The honest log grown to 7: its bundle proves it extends size 6, and advances the state.
     await service.generate("r")
     service.seal()
     newer = tmp_path / "newer.json"
     assert (await cli(capsys, "export", "--db", db, "--bundle", str(newer)))[0] == 0
     code, result = await verify_json(capsys, "--bundle", str(newer), *key)
-    assert code == 0 and result["verified"] == 6, result
-    assert Checkpoint.peek(state.read_bytes()).size == 6
-    # ... after which the size-5 fork is older than what was seen: a rollback.
+    assert code == 0 and result["verified"] == 7, result
+    assert Checkpoint.peek(state.read_bytes()).size == 7
+    # ... after which the size-6 fork is older than what was seen: a rollback.
     code, result = await verify_json(capsys, "--bundle", str(old), *key)
     assert code == 1 and "RollbackError" in result["results"][0]["checks"][3]["reason"]
 
@@ -535,20 +561,20 @@ async def test_version_1_bundles_still_read_but_prove_no_extension(
     bundle = tmp_path / "v1.json"
     await cli(capsys, "export", "--db", service.settings.database_url, "--bundle", str(bundle))
     data = json.loads(bundle.read_text())
-    assert data["format"] == "audit-ledger-bundle/v2" and "1" in data["consistency_from"]
+    assert data["format"] == "audit-ledger-bundle/v2" and "2" in data["consistency_from"]
     data["format"] = "audit-ledger-bundle/v1"
     del data["consistency_from"]
     bundle.write_text(json.dumps(data))
     code, result = await verify_json(capsys, "--bundle", str(bundle), *key)
     assert code == 1 and "MissingProofError" in result["results"][0]["checks"][3]["reason"]
     code, result = await verify_json(capsys, "--bundle", str(bundle), *key, "--no-state")
-    assert code == 0 and result["verified"] == 2
+    assert code == 0 and result["verified"] == 3  # the environment leaf and two records
 
 
 async def test_older_database_copy_is_a_rollback_check_4_not_a_usage_error(
     service: Service, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    answers = await _three_records(service)  # checkpoints 2 and 3
+    answers = await _three_records(service)  # checkpoints 3 and 4
     copy_url = copy_database(service, tmp_path / "copy.db")
     await service.generate("later")
     service.seal()
@@ -556,10 +582,10 @@ async def test_older_database_copy_is_a_rollback_check_4_not_a_usage_error(
     key = ("--log-key", service.log_key, *SELF, "--state", str(state))
     code, _ = await verify_json(capsys, answers[0]["record_id"], "--db",
                                 service.settings.database_url, *key)
-    assert code == 0 and Checkpoint.peek(state.read_bytes()).size == 4
+    assert code == 0 and Checkpoint.peek(state.read_bytes()).size == 5
     code, result = await verify_json(capsys, answers[0]["record_id"], "--db", copy_url, *key)
     assert code == 1 and failed_check(result) == 4
-    assert "rollback: trusted tree size 4, offered 3" in result["checks"][3]["reason"]
+    assert "rollback: trusted tree size 5, offered 4" in result["checks"][3]["reason"]
 
 
 async def test_consistent_liar_at_a_smaller_size_fails_check_4_not_unreachable(
@@ -573,12 +599,12 @@ async def test_consistent_liar_at_a_smaller_size_fails_check_4_not_unreachable(
     headers = {"Authorization": f"Bearer {service.auditor}"}
     rid = answers[0]["record_id"]
     record = await (await service.client.get(f"/v1/records/{rid}", headers=headers)).json()
-    proof = await (await service.client.get(f"/v1/records/{rid}/proof?tree_size=2",
+    proof = await (await service.client.get(f"/v1/records/{rid}/proof?tree_size=3",
                                             headers=headers)).json()
-    old = service.app[LEDGER].checkpoint(2)
-    assert old is not None and proof["tree_size"] == 2
+    old = service.app[LEDGER].checkpoint(3)
+    assert old is not None and proof["tree_size"] == 3
 
-    # Every answer genuine for size 2; it cannot prove anything about size 3.
+    # Every answer genuine for size 3; it cannot prove anything about size 4.
     async def handle(request: web.Request) -> web.Response:
         path = request.path
         if path.endswith("/proof"):
@@ -586,7 +612,7 @@ async def test_consistent_liar_at_a_smaller_size_fails_check_4_not_unreachable(
         if path.startswith("/v1/records/"):
             return web.json_response(record)
         if path == "/v1/checkpoints/anchored":
-            return web.json_response({"tree_size": 2, "kind": "local", "ref": "local:2",
+            return web.json_response({"tree_size": 3, "kind": "local", "ref": "local:3",
                                       "checkpoint": old.note.decode()})
         return web.json_response({"title": "Bad Request"}, status=400)
 
@@ -657,7 +683,7 @@ async def test_witness_quorum_on_a_bundle_passes_and_names_a_missing_witness(
     reason = result["results"][0]["checks"][3]["reason"]
     assert "QuorumError" in reason and f"missing: {cosigners[1].name}" in reason
     code, result = await verify_json(capsys, *base, *witness_args, "--witness-quorum", "1")
-    assert code == 0 and result["verified"] == 2
+    assert code == 0 and result["verified"] == 3  # the environment leaf and the records
     code, result = await verify_json(capsys, *base, *witness_args, "--witness-quorum", "3")
     assert code == 2 and result["error"]["field"] == "--witness-quorum"
 
@@ -665,7 +691,7 @@ async def test_witness_quorum_on_a_bundle_passes_and_names_a_missing_witness(
 async def test_altered_root_in_a_bundle_fails_check_3(
     service: Service, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    await service.generate()
+    answer = await service.generate()
     service.seal()
     bundle = tmp_path / "bundle.json"
     await cli(capsys, "export", "--db", service.settings.database_url, "--bundle", str(bundle))
@@ -674,7 +700,8 @@ async def test_altered_root_in_a_bundle_fails_check_3(
     lines[2] = base64.b64encode(bytes(32)).decode()
     data["checkpoint"] = "\n".join(lines)
     bundle.write_text(json.dumps(data))
-    code, result = await verify_json(capsys, "--bundle", str(bundle), "--log-key",
+    code, result = await verify_json(capsys, answer["record_id"], "--bundle", str(bundle),
+                                     "--log-key",
                                      service.log_key, *SELF, "--no-state")
     assert code == 1 and failed_check(result) == 3
     assert [c["status"] for c in result["checks"]][:3] == ["pass", "skipped", "fail"]
@@ -732,14 +759,14 @@ async def test_server_bundle_built_since_the_verifiers_size_proves_the_extension
     export = ("export", "--server", service.url, "--api-key", service.auditor,
               "--bundle", str(bundle))
     code, result = await cli(capsys, *export, "--json")
-    assert code == 0 and result["tree_size"] == 4 and result["consistency_from"] == []
+    assert code == 0 and result["tree_size"] == 5 and result["consistency_from"] == []
     code, result = await verify_json(capsys, "--bundle", str(bundle), *key)
     assert code == 1 and "MissingProofError" in result["results"][0]["checks"][3]["reason"]
-    code, result = await cli(capsys, *export, "--since-size", "2", "--json")
-    assert code == 0 and result["consistency_from"] == [2]
+    code, result = await cli(capsys, *export, "--since-size", "3", "--json")
+    assert code == 0 and result["consistency_from"] == [3]
     code, result = await verify_json(capsys, "--bundle", str(bundle), *key)
-    assert code == 0 and result["verified"] == 4
-    assert Checkpoint.peek(state.read_bytes()).size == 4
+    assert code == 0 and result["verified"] == 5
+    assert Checkpoint.peek(state.read_bytes()).size == 5
 
 
 async def test_database_bundle_carries_proofs_from_the_latest_sizes_or_since_a_size(
@@ -748,11 +775,11 @@ async def test_database_bundle_carries_proofs_from_the_latest_sizes_or_since_a_s
 ) -> None:
     for i in range(4):
         await service.generate(f"c{i}")
-        service.seal()  # checkpoints of sizes 1, 2, 3, 4
+        service.seal()  # checkpoints of sizes 2, 3, 4, 5 (leaf 0: the environment)
     monkeypatch.setattr("ledger.client.exporter.DEFAULT_EARLIER_SIZES", 2)
     bundle = tmp_path / "bundle.json"
     export = ("export", "--db", service.settings.database_url, "--bundle", str(bundle), "--json")
     code, result = await cli(capsys, *export)
-    assert code == 0 and result["consistency_from"] == [2, 3]
-    code, result = await cli(capsys, *export, "--since-size", "1")
-    assert code == 0 and result["consistency_from"] == [1, 2, 3]
+    assert code == 0 and result["consistency_from"] == [3, 4]
+    code, result = await cli(capsys, *export, "--since-size", "2")
+    assert code == 0 and result["consistency_from"] == [2, 3, 4]

@@ -61,3 +61,38 @@ def test_the_records_of_a_batch_carry_its_sample(tiny_model_dir: Any,
     assert outputs[0].record.body["data"]["batch"]["engine"] == "engine-0"
     plain = tiny_generator.generate_batch([tiny_generator.prepare("a", None)])
     assert "gpu_sample" not in plain[0].record.body["data"]  # a CPU engine: no sample
+
+
+def test_metrics_export_every_gpu_sample_at_most_once_a_second() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from inference_wrapper.server.metrics import GpuCollector
+    from tests.nvml_double import NvmlMachine
+
+    machine = NvmlMachine([NvmlDouble(uuid="GPU-a"),
+                           NvmlDouble(uuid="GPU-b", unsupported={"nvmlDeviceGetPowerUsage"})])
+    now = [100.0]
+    registry = CollectorRegistry()
+    registry.register(GpuCollector(machine, clock=lambda: now[0]))
+    text = generate_latest(registry).decode()
+    assert 'audit_gpu_sm_utilization_ratio{gpu="GPU-a"} 0.87' in text
+    assert 'audit_gpu_sm_utilization_ratio{gpu="GPU-b"} 0.87' in text
+    assert 'audit_gpu_power_watts{gpu="GPU-a"} 312.5' in text
+    assert 'audit_gpu_power_watts{gpu="GPU-b"}' not in text  # not supported: left out
+    assert 'audit_gpu_ecc_corrected_errors{gpu="GPU-a"} 3.0' in text
+    reads = machine.gpus[0].calls.count("nvmlDeviceGetUtilizationRates")
+    generate_latest(registry)  # a second scrape within the second: no new NVML reads
+    assert machine.gpus[0].calls.count("nvmlDeviceGetUtilizationRates") == reads
+    now[0] += 1.0
+    generate_latest(registry)
+    assert machine.gpus[0].calls.count("nvmlDeviceGetUtilizationRates") == reads + 1
+
+
+def test_no_nvml_exports_no_gpu_metrics() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from inference_wrapper.server.metrics import GpuCollector
+
+    registry = CollectorRegistry()
+    registry.register(GpuCollector())  # this machine: the real pynvml finds no library
+    assert "audit_gpu_" not in generate_latest(registry).decode()

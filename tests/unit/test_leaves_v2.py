@@ -18,7 +18,7 @@ import pytest
 from ledger import merkle
 from ledger.canonical import canonical_bytes
 from ledger.errors import CanonicalFormError, InvalidInputError, LeafBindingError
-from ledger.leaves import commitments
+from ledger.leaves import body_codec, commitments
 from ledger.leaves.envelope import is_envelope, tenant_tag
 from ledger.leaves.environment import build_environment, environment_columns
 from ledger.leaves.kinds import open_leaf
@@ -28,6 +28,7 @@ from tests.vectors.make_leaf_vectors import build
 VECTORS = json.loads((Path(__file__).resolve().parents[1] / "vectors" /
                       "leaves_v2.json").read_text())
 ORIGIN = VECTORS["inputs"]["origin"]
+DICTIONARY_1_SHA256 = "85f248b00ab5f4b640893fe95d4cddb934a1b70cf3b9fe428adb613754fe2099"
 
 
 def _hmac_by_hand(key: bytes, message: bytes) -> bytes:
@@ -228,3 +229,80 @@ def test_kind_modules_import_without_the_record_module() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "False"
+
+
+def test_stored_bodies_unpack_byte_for_byte_and_the_dictionary_never_changes() -> None:
+    # Rows stored with format 1 are read with this dictionary forever.
+    assert hashlib.sha256(body_codec.DICTIONARY_1).hexdigest() == DICTIONARY_1_SHA256
+    for name in ("record", "environment"):
+        body = VECTORS["leaves"][name]["body"].encode()
+        stored = body_codec.pack_body(body)
+        assert stored[:1] == b"\x01" and len(stored) < len(body) // 2
+        assert body_codec.unpack_body(stored) == body
+    stored = body_codec.pack_body(VECTORS["leaves"]["record"]["body"].encode())
+    with pytest.raises(CanonicalFormError, match="unknown stored body format"):
+        body_codec.unpack_body(b"\x02" + stored[1:])
+    with pytest.raises(CanonicalFormError, match="cut short"):
+        body_codec.unpack_body(stored[:-5])
+    with pytest.raises(CanonicalFormError, match="trailing bytes"):
+        body_codec.unpack_body(stored + b"x")
+
+
+@pytest.mark.parametrize("tag", [None, "sha256:" + "ab" * 32])
+def test_the_written_out_envelope_is_the_encoders(tag: str | None) -> None:
+    from ledger.leaves.envelope import envelope_bytes, envelope_members
+
+    body = b'{"x":1}'
+    for kind, created_at in (("audit-record/v2", "2026-12-02T01:02:03.456Z"),
+                             ('odd"kind', "2026-12-02T01:02:03.456Z"),
+                             ("environment/v1", "not a time")):
+        assert envelope_bytes(kind, created_at, tag, body) == canonical_bytes(
+            envelope_members(kind, created_at, tag, body))
+
+
+def _facts(row: int, **change: Any) -> Any:
+    from ledger.leaves.record_v2 import RowFacts
+
+    salt = bytes([row]) * 32
+    facts = {"tenant": f"tenant-{row % 3}", "commitments": commitments.row_commitments(
+        input_salt=salt, output_salt=salt, prompt=f"p{row}", input_ids=[row] * (row + 1),
+        output="o", output_ids=[1], stop=("x",) if row % 2 else (),
+        user="u" if row % 3 == 0 else None, user_salt=salt),
+        "input_token_count": row + 1, "output_token_count": 1, "truncated": row == 4,
+        "finish_reason": "stop" if row % 2 else "length", "padding_count": 8 - row - 1,
+        "parse_ms": 0.1 * row, "stream_start_record_id": "s" if row == 5 else None}
+    return RowFacts(**{**facts, **change})
+
+
+def test_a_batch_is_the_same_bytes_as_its_records_built_one_by_one() -> None:
+    from ledger.leaves.record_v2 import build_records_v2
+
+    shared = {"origin": ORIGIN, "engine": "engine-0",
+              "environment": EnvironmentRef(0, bytes(32)), "created_at":
+              "2026-12-02T01:02:03.456Z"}
+    rows = [_facts(row) for row in range(7)]
+    leaves = build_records_v2(**shared, batch_id="d" * 32, padded_length=8,
+                              padding_side="left", generation={"temperature": 0.0},
+                              timings_ms={"forward": 2.5}, rows=rows)
+    for row, (facts, leaf) in enumerate(zip(rows, leaves, strict=True)):
+        alone = build_record_v2(
+            **shared, tenant=facts.tenant, commitments=facts.commitments,
+            data=row_data(input_token_count=facts.input_token_count,
+                          output_token_count=1, truncated=facts.truncated,
+                          finish_reason=facts.finish_reason, rows=7, padded_length=8,
+                          padding_side="left", padding_count=facts.padding_count,
+                          generation={"temperature": 0.0}),
+            batch={"id": "d" * 32, "size": 7, "row": row},
+            timings_ms={"forward": 2.5, "parse": facts.parse_ms},
+            stream_start_record_id=facts.stream_start_record_id, record_id=leaf.record_id)
+        assert (leaf.envelope, leaf.body) == (alone.envelope, alone.body)
+        assert open_leaf(leaf.envelope, leaf.body, ORIGIN, strict=True).content == leaf.content
+    # A bad row later in the batch is refused by name, like a first one.
+    for change, field in (({"finish_reason": "eos"}, "record.data.finish_reason"),
+                          ({"tenant": ""}, "record.tenant"),
+                          ({"padding_count": 0}, "record.data.padding.count")):
+        bad = [*rows[:3], _facts(3, **change)]
+        with pytest.raises(CanonicalFormError) as caught:
+            build_records_v2(**shared, batch_id="d" * 32, padded_length=8,
+                             padding_side="left", generation={}, timings_ms={}, rows=bad)
+        assert caught.value.field == field

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import platform
@@ -56,6 +57,7 @@ def vcs_commit_of(distribution: str) -> str | None:
     return str(commit) if commit else None
 
 
+@functools.cache  # read once per process: an engine's revision is the one it started with
 def service_revision(root: Path = SERVICE_ROOT) -> dict[str, Any]:
     """This service's git revision and dirty flag, or an explicit 'unknown'."""
     try:
@@ -69,6 +71,7 @@ def service_revision(root: Path = SERVICE_ROOT) -> dict[str, Any]:
     return {"git_revision": revision, "dirty": dirty}
 
 
+@functools.cache  # the installed set is read once per process
 def dependencies_digest() -> str:
     """Digest of the installed distribution set (name==version, sorted)."""
     pins = sorted(

@@ -3,16 +3,16 @@
 Which checkpoint first covers a row and which anchor covers it follow from the sizes in
 ``checkpoints`` and ``anchors`` (decision 0029); an append writes each row once.
 
-Revision ID: 0012
-Revises: 0011
+Revision ID: 0013
+Revises: 0012
 Create Date: 2026-12-02
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0012"
-down_revision = "0011"
+revision = "0013"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,220 @@
+"""Continuity (decision 0027): a v1 log goes on with v2 leaves, nothing rewritten.
+
+The golden v1 files (``tests/vectors/v1_*``, recipe in ``make_v1_golden.py``) were made
+by the code before record v2. Their bundle and database verify as they are; a copy of
+the database, migrated, takes an environment leaf and v2 records after its v1 leaves,
+and the mixed log passes ``verify`` (every leaf, from the database and from a bundle),
+``audit`` and ``log fsck``, while a tampered body or environment row is caught.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from sqlalchemy import text
+
+from audit_cli.main import main
+from ledger.anchor.local import LocalAnchor
+from ledger.checkpoint import NoteSigner
+from ledger.leaves.body_codec import pack_body
+from ledger.leaves.commitments import row_commitments
+from ledger.leaves.envelope import Leaf
+from ledger.leaves.environment import build_environment
+from ledger.leaves.record_v2 import EnvironmentRef, build_record_v2, row_data
+from ledger.store.migrate import upgrade
+from ledger.store.sql import SqlLedger
+
+VECTORS = Path(__file__).resolve().parents[1] / "vectors"
+META = json.loads((VECTORS / "v1_log.json").read_text())
+ORIGIN, KEY = META["origin"], META["verifier_key"]
+SEED = bytes(range(32))  # the golden log's test-only key (make_vectors.SEED)
+TRUST = ("--log-key", KEY, "--accept-self-anchored")
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
+    capsys.readouterr()
+    code = main([*argv, "--json"])
+    out = capsys.readouterr().out
+    try:
+        return code, json.loads(out)
+    except ValueError:
+        return code, out
+
+
+@pytest.fixture(autouse=True)
+def verifier_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUDIT_LEDGER_HOME", str(tmp_path / "home"))
+
+
+def test_the_golden_v1_bundle_verifies(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = cli(capsys, "verify", "--bundle", str(VECTORS / "v1_bundle.json"), *TRUST)
+    assert code == 0, out
+    assert (out["verified"], out["failed"]) == (5, 0)
+    first = META["records"][0]
+    code, out = cli(capsys, "verify", first["record_id"], "--bundle",
+                    str(VECTORS / "v1_bundle.json"), *TRUST, "--prompt", first["prompt"],
+                    "--input-salt", META["salt"], "--output", first["output"],
+                    "--output-salt", META["salt"])
+    assert code == 0, out
+    assert out["checks"][4]["status"] == "pass" and "environment" not in out
+
+
+def _v2_leaves(environment_index: int, environment: Leaf) -> list[tuple[Leaf, str]]:
+    """Three v2 records naming the environment; with each its prompt."""
+    salt = bytes(range(200, 232))
+    out = []
+    for row, (tenant, prompt) in enumerate([("acme", "v2 one"), ("globex", "v2 two"),
+                                             ("acme", "v2 three")]):
+        leaf = build_record_v2(
+            origin=ORIGIN, tenant=tenant, engine="engine-0",
+            environment=EnvironmentRef(environment_index, environment.leaf_hash),
+            commitments=row_commitments(input_salt=salt, output_salt=salt, prompt=prompt,
+                                        input_ids=[1, 2], output="ok", output_ids=[3]),
+            data=row_data(input_token_count=2, output_token_count=1, truncated=False,
+                          finish_reason="stop", rows=3, padded_length=2,
+                          padding_side="left", padding_count=0,
+                          generation={"max_new_tokens": 4, "temperature": 0.0}),
+            batch={"id": "c" * 32, "size": 3, "row": row}, timings_ms={"forward": 3.0})
+        out.append((leaf, prompt))
+    return out
+
+
+def _environment() -> Leaf:
+    return build_environment(
+        engine="engine-0", model={"name": "tiny-llama", "digest": "sha256:" + "cd" * 32,
+                                  "pinned": True},
+        hardware={"accelerator": "cuda", "accelerator_model": "NVIDIA H200",
+                  "driver_version": "560.35.03"},
+        software={"torch": {"version": "2.6.0", "git_version": "e" * 40},
+                  "service": {"git_revision": "f" * 40, "dirty": False}},
+        tokenization_contract={"tokenizer_digest": "sha256:" + "01" * 32},
+        generation_config_digest="sha256:" + "02" * 32)
+
+
+@pytest.fixture()
+def mixed_log(tmp_path: Path) -> tuple[str, list[tuple[Leaf, str]]]:
+    """The golden v1 database, migrated, with an environment and three v2 records after
+    its five v1 leaves, sealed and anchored at size 9."""
+    shutil.copy(VECTORS / "v1_log.sqlite", tmp_path / "log.sqlite")
+    url = f"sqlite:///{tmp_path / 'log.sqlite'}"
+    upgrade(url)
+    signer = NoteSigner(ORIGIN, Ed25519PrivateKey.from_private_bytes(SEED))
+    with SqlLedger(url).start() as ledger:
+        environment = _environment()
+        receipt = ledger.append(environment)
+        assert receipt.leaf_index == META["size"]  # after the v1 history, none rewritten
+        records = _v2_leaves(receipt.leaf_index, environment)
+        for leaf, _ in records:
+            ledger.append(leaf)
+        ledger.seal_checkpoint(signer, ORIGIN)
+        LocalAnchor(ledger, signer.verifier(), ORIGIN).anchor(ledger.latest_checkpoint().note)  # type: ignore[union-attr]
+    return url, records
+
+
+def test_the_golden_v1_database_verifies_audits_and_fscks_after_migration(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    shutil.copy(VECTORS / "v1_log.sqlite", tmp_path / "log.sqlite")
+    url = f"sqlite:///{tmp_path / 'log.sqlite'}"
+    upgrade(url)
+    for record in META["records"]:
+        code, out = cli(capsys, "verify", record["record_id"], "--db", url, *TRUST)
+        assert code == 0, out
+    code, out = cli(capsys, "audit", "--db", url, "--from", "2000-01-01T00:00:00Z",
+                    "--to", "2100-01-01T00:00:00Z", "--log-key", KEY)
+    assert code == 0 and out["complete"] and out["rows_checked"] == 5, out
+    code, out = cli(capsys, "log", "fsck", "--db", url, "--log-key", KEY)
+    assert code == 0 and out["ok"] and out["records_checked"] == 5, out
+
+
+def test_a_mixed_v1_v2_log_verifies_audits_and_fscks(
+        mixed_log: tuple[str, list[tuple[Leaf, str]]], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    url, records = mixed_log
+    for record in META["records"]:  # the v1 history still verifies at the new size
+        code, out = cli(capsys, "verify", record["record_id"], "--db", url, *TRUST)
+        assert code == 0 and out["tree_size"] == 9, out
+    for leaf, prompt in records:
+        code, out = cli(capsys, "verify", leaf.record_id, "--db", url, *TRUST,
+                        "--prompt", prompt, "--input-salt", bytes(range(200, 232)).hex(),
+                        "--output", "ok", "--output-salt", bytes(range(200, 232)).hex())
+        assert code == 0, out
+        assert [c["status"] for c in out["checks"]] == [
+            "pass", "pass", "pass", "self-anchored", "pass"]
+        assert "environment leaf" in out["checks"][0]["reason"]
+        assert "environment leaf 5" in out["checks"][1]["reason"]
+        assert out["environment"]["accelerator_model"] == "NVIDIA H200"
+        assert out["environment"]["torch_version"] == "2.6.0"
+    code, out = cli(capsys, "audit", "--db", url, "--from", "2000-01-01T00:00:00Z",
+                    "--to", "2100-01-01T00:00:00Z", "--log-key", KEY)
+    assert code == 0 and out["complete"] and out["rows_checked"] == 9, out
+    code, out = cli(capsys, "log", "fsck", "--db", url, "--log-key", KEY)
+    assert code == 0 and out["ok"] and out["records_checked"] == 9, out
+
+    # A bundle of the mixed log carries the environment leaf once and verifies offline.
+    bundle = tmp_path / "mixed.json"
+    code, out = cli(capsys, "export", "--db", url, "--bundle", str(bundle))
+    assert code == 0, out
+    written = json.loads(bundle.read_text())
+    assert list(written["environments"]) == ["5"]
+    assert sum("body" in e for e in written["entries"]) == 4  # the environment and 3 records
+    code, out = cli(capsys, "verify", "--bundle", str(bundle), *TRUST, "--no-state")
+    assert code == 0 and (out["verified"], out["failed"]) == (9, 0), out
+
+    # The mirror answers filters through the environment: v1 rows by their own columns.
+    with SqlLedger(url) as ledger:
+        h200, _ = ledger.query(accelerator_model="NVIDIA H200")
+        assert sorted(r.record_id for r in h200) == sorted(leaf.record_id for leaf, _ in records)
+        assert all(r.columns["torch_version"] == "2.6.0" for r in h200)
+        acme, _ = ledger.query(tenant="acme", model_digest="sha256:" + "cd" * 32)
+        assert len(acme) == 2
+        v1_rows, _ = ledger.query(model_digest="sha256:" + "ab" * 32)
+        assert len(v1_rows) == 5
+
+
+def test_a_changed_v2_body_fails_verify_audit_and_fsck(
+        mixed_log: tuple[str, list[tuple[Leaf, str]]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    url, records = mixed_log
+    leaf = records[0][0]
+    forged = leaf.body.replace(b'"input_token_count":2', b'"input_token_count":3')
+    with SqlLedger(url) as ledger, ledger.engine.begin() as conn:
+        conn.execute(text("UPDATE records SET body = :b WHERE record_id = :r"),
+                     {"b": pack_body(forged), "r": leaf.record_id})
+    code, out = cli(capsys, "verify", leaf.record_id, "--db", url, *TRUST)
+    assert code == 1 and out["failed_check"] == 1
+    assert "LeafBindingError: the body hashes to" in out["checks"][0]["reason"]
+    code, out = cli(capsys, "audit", "--db", url, "--from", "2000-01-01T00:00:00Z",
+                    "--to", "2100-01-01T00:00:00Z", "--log-key", KEY)
+    assert code == 1 and [f["kind"] for f in out["findings"]] == ["record_unparseable"]
+    code, out = cli(capsys, "log", "fsck", "--db", url, "--log-key", KEY)
+    assert code == 1 and [f["kind"] for f in out["findings"]] == ["record_unparseable"]
+
+
+def test_a_changed_environment_row_fails_audit_and_a_swapped_environment_fails_verify(
+        mixed_log: tuple[str, list[tuple[Leaf, str]]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    url, records = mixed_log
+    with SqlLedger(url) as ledger, ledger.engine.begin() as conn:
+        conn.execute(text("UPDATE environments SET accelerator_model = 'NVIDIA A100'"))
+    code, out = cli(capsys, "audit", "--db", url, "--from", "2000-01-01T00:00:00Z",
+                    "--to", "2100-01-01T00:00:00Z", "--log-key", KEY)
+    assert code == 1
+    assert [(f["kind"], f["column"]) for f in out["findings"]] == [
+        ("environment_mismatch", "accelerator_model")]
+    # Another environment's bytes in place of the named one's: check 1 names it.
+    other = build_environment(**{**{k: v for k, v in _environment().content.items()
+                                    if k not in ("schema", "record_id", "created_at")},
+                                 "hardware": {"accelerator": "cuda",
+                                              "accelerator_model": "NVIDIA A100"}})
+    with SqlLedger(url) as ledger, ledger.engine.begin() as conn:
+        conn.execute(text("UPDATE records SET canonical = :c, body = :b WHERE leaf_index = 5"),
+                     {"c": other.envelope, "b": pack_body(other.body)})
+    code, out = cli(capsys, "verify", records[0][0].record_id, "--db", url, *TRUST)
+    assert code == 1 and out["failed_check"] == 1
+    assert "the environment leaf hashes to" in out["checks"][0]["reason"]
+

@@ -31,6 +31,8 @@ from typing import Any
 from audit_cli.evidence import add_key_option, pinned_verifier
 from audit_cli.filters import parse_time
 from audit_cli.options import print_json
+from audit_cli.report_pack import MANIFEST, write_manifest
+from ledger.content_records import ERASURE_SCHEMA
 from ledger.errors import BackendError, InvalidInputError, LedgerError
 from ledger.leaves.record_v2 import RECORD_KIND
 from ledger.record import RECORD_SCHEMA
@@ -46,6 +48,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="folder to write the pack to")
     parser.add_argument("--pdf", action="store_true",
                         help="also print report.pdf with the Chromium on PATH")
+    parser.add_argument("--paper", choices=("A4", "Letter"), default="A4",
+                        help="the PDF's paper size (default A4)")
     parser.add_argument("--made-by", help="who makes the report, as the log will name "
                         "them (default local:<user>)")
     parser.add_argument("--no-log", action="store_true",
@@ -89,6 +93,8 @@ class ReportData:
     slo: SloSummary | None = None
     service_ms: list[float] = field(default_factory=list)  # each record's phases summed
     other_leaves: Counter[str] = field(default_factory=Counter)  # by schema
+    # Erasure leaves in scope: (leaf index, leaf id, created, records erased, reason).
+    erasures: list[tuple[int, str, datetime, int, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -157,6 +163,11 @@ def gather(args: argparse.Namespace) -> ReportData:
                                         tenant=args.tenant)
             for r in page:
                 body = json.loads(r.leaf_body)
+                if body.get("schema") == ERASURE_SCHEMA:
+                    section = body.get("erasure") or {}
+                    data.erasures.append((r.leaf_index, r.record_id, r.created_at,
+                                          len(section.get("records") or []),
+                                          str(section.get("reason") or "")))
                 if body.get("schema") not in (RECORD_SCHEMA, RECORD_KIND):
                     # Access, erasure, stream-start and report leaves have no inference
                     # fingerprints: counted apart, or they would read as fingerprint changes.
@@ -205,6 +216,19 @@ def gather_slo(ledger: Any, data: ReportData) -> SloSummary:
 
 # --- HTML ------------------------------------------------------------------------------
 
+def page_style(paper: str) -> str:
+    """Print layout: the paper size, margins and a page number in each page's footer;
+    wide tables wrap within the page instead of running off it."""
+    return (f"@page {{ size: {paper}; margin: 16mm 14mm 18mm; "
+            "@bottom-center { content: 'page ' counter(page) ' of ' counter(pages); "
+            "font: 9px system-ui, sans-serif; color: #555; } }\n"
+            "@media print { body { max-width: none; margin: 0; } "
+            "table { width: 100%; table-layout: fixed; } "
+            "th, td { overflow-wrap: anywhere; word-break: break-word; } "
+            "tr, svg { break-inside: avoid; } svg { max-width: 100%; height: auto; } "
+            "h2 { break-after: avoid; } }\n")
+
+
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1000px; margin: 2em auto; color: #1d1d1d; }
 table { border-collapse: collapse; font-size: .9em; margin: .5em 0 1.5em; }
@@ -215,31 +239,63 @@ svg { border: 1px solid #ddd; font-size: 11px; } .plot-title { font-weight: 700;
 """
 
 
-# Which part of this pack speaks to which obligation. A pointer to evidence, not legal
-# advice: whether the evidence suffices is the regulated firm's and its counsel's call.
-OBLIGATIONS = (
-    ("EU AI Act Art. 12 (record-keeping)",
-     "High-risk systems log events automatically over their lifetime, for traceability.",
-     "One record per inference call with model, hardware, software and data fingerprints; "
-     "counts and fingerprint changes above; audit completeness shows no record is missing "
-     "from the range."),
-    ("EU AI Act Art. 19 (keeping the logs)",
-     "Providers keep the automatically generated logs for a period fit for purpose "
-     "(at least six months).",
-     "Signed checkpoints and anchors of the range; bundle.json re-checks each record offline "
-     "against the pinned key."),
-    ("SR 11-7 (model risk management)",
-     "Inventory of models in use, change control and ongoing monitoring.",
-     "Counts per model digest; the fingerprint-change timeline dates each change of model, "
-     "driver, torch and service revision, with the records on each side."),
-    ("SEC 17a-4(f) (electronic records)",
-     "Electronic records kept non-rewriteable and non-erasable, or with an audit trail "
-     "that can recreate an altered or deleted original; verifiable and retrievable.",
-     "Merkle log with signed, anchored checkpoints: any edit, removal or insertion breaks "
-     "the audit above or a record's proof; this report's own digest is in "
-     "report.html.sha256. Detecting a change is not preserving the original: the storage "
-     "itself must still meet the rule."),
-)
+def obligations(data: ReportData) -> list[tuple[str, str, str, str]]:
+    """Which part of this pack speaks to which obligation, and what it found: every row is
+    derived from the checks' results, so a NOT COMPLETE audit never reads as complete. A
+    pointer to evidence, not legal advice: whether it suffices is the regulated firm's and
+    its counsel's call. Rows: (obligation, what it asks, status, what this pack shows)."""
+    audit = data.audit
+    bad_checkpoints = [c for c in data.checkpoints if c[3] is not None]
+    if audit.ok:
+        art12 = ("shown", f"One record per inference call with its fingerprints; the audit "
+                 f"found all {audit.in_range} records of the range present and unaltered "
+                 "against the signed checkpoint.")
+    else:
+        art12 = ("NOT shown", f"The audit is NOT COMPLETE ({len(audit.findings)} "
+                 "findings above): records of the range are missing, altered or unproven; "
+                 "this pack cannot show the log is complete.")
+    if bad_checkpoints:
+        art19 = ("NOT shown", f"{len(bad_checkpoints)} checkpoint(s) in range do not verify "
+                 "under the pinned key.")
+    elif not data.checkpoints or not data.anchors:
+        missing = " and ".join(w for w, n in (("no checkpoint was sealed", data.checkpoints),
+                                              ("no anchor was made", data.anchors)) if not n)
+        art19 = ("partly shown", f"In this range {missing}; the records are held by later "
+                 "checkpoints only (see the audit above).")
+    else:
+        art19 = ("shown", f"{len(data.checkpoints)} signed checkpoints and "
+                 f"{len(data.anchors)} anchors in range; bundle.json re-checks each record "
+                 "offline against the pinned key.")
+    changes = len(data.points) and "the fingerprint-change timeline dates each change"
+    sr117 = ("shown" if data.points else "nothing in range",
+             f"Counts per model digest ({len(data.counts.get('model', {}))} models); "
+             + (f"{changes} of model, driver, torch and service revision, with the records "
+                "on each side." if changes else "no inference record in range."))
+    sec = (("shown" if audit.ok and not bad_checkpoints else "NOT shown"),
+           ("Merkle log with signed checkpoints: " + (
+               "the audit found no edit, removal or insertion in range" if audit.ok else
+               "the audit found changes in range (see the findings)")
+            + "; the pack's digest (report.pack.sha256) is appended to the log. Detecting a "
+            "change is not preserving the original: the storage must still meet the rule."))
+    erased = sum(e[3] for e in data.erasures)
+    gdpr = (("shown" if data.erasures else "none in range"),
+            (f"{len(data.erasures)} erasure leaves in range covering {erased} records' "
+             "retained content (leaves " + ", ".join(str(e[0]) for e in data.erasures[:20])
+             + (" ..." if len(data.erasures) > 20 else "") + "); their records' commitments "
+             "stay, the content is crypto-shredded.") if data.erasures else
+            "No erasure was requested in this range.")
+    return [
+        ("EU AI Act Art. 12 (record-keeping)", "High-risk systems log events automatically "
+         "over their lifetime, for traceability.", *art12),
+        ("EU AI Act Art. 19 (keeping the logs)", "Providers keep the automatically generated "
+         "logs for a period fit for purpose (at least six months).", *art19),
+        ("SR 11-7 (model risk management)", "Inventory of models in use, change control and "
+         "ongoing monitoring.", *sr117),
+        ("SEC 17a-4(f) (electronic records)", "Records kept non-rewriteable and non-erasable, "
+         "or with an audit trail that can recreate an altered or deleted original.", *sec),
+        ("GDPR Art. 17 (right to erasure)", "Personal data erased without undue delay when "
+         "a data subject asks and no exception applies.", *gdpr),
+    ]
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], empty: str) -> str:
@@ -311,7 +367,7 @@ def _slo_section(summary: SloSummary | None) -> str:
                              title="replicas ready (readiness history)", unit=""))
 
 
-def render(data: ReportData) -> str:
+def render(data: ReportData, paper: str = "A4") -> str:
     from inference_wrapper.server.console_plots import (
         TIMELINE_FIELDS,
         bar_chart_svg,
@@ -363,7 +419,7 @@ def render(data: ReportData) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <title>Evidence pack {data.since:%Y-%m-%d} to {data.until:%Y-%m-%d}</title>
-<style>{STYLE}</style></head><body>
+<style>{STYLE}{page_style(paper)}</style></head><body>
 <h1>Audit evidence pack</h1>
 <p>Generated by <code>audit-ledger report</code> from the ledger's database, checked against
 the pinned log key. The machine-verifiable evidence of the same scope is
@@ -398,7 +454,8 @@ and every typed column recomputed from the record bytes.</p>
 {change_table}
 <h2>Obligations and where this pack holds evidence for them</h2>
 <p>A map for the reader, not legal advice.</p>
-{_table(("obligation", "what it asks", "evidence in this pack"), OBLIGATIONS, "")}
+{_table(("obligation", "what it asks", "status", "what this pack shows"), obligations(data),
+         "").replace("<table>", '<table id="obligations">', 1)}
 </body></html>
 """
 
@@ -443,7 +500,7 @@ def log_report(args: argparse.Namespace, data: ReportData, digest: str) -> dict[
     record = AuditRecord.from_body(report_body(
         leaf_id=new_record_id(), created_at=utc_timestamp(), digest=digest,
         since=_rfc3339(data.since), until=_rfc3339(data.until), scope_tenant=data.tenant,
-        made_by=args.made_by or operator_name()))
+        made_by=args.made_by or operator_name(), file=MANIFEST))
     with SqlLedger(args.db) as ledger:
         receipt = ledger.append(record)
     logged = {"record_id": receipt.record_id, "leaf_index": receipt.leaf_index,
@@ -460,7 +517,7 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidInputError("--pdf", "needs Chromium on PATH (apt-get install "
                                     "chromium)")
     data = gather(args)
-    html = render(data).encode("utf-8")
+    html = render(data, args.paper).encode("utf-8")
     args.out.mkdir(parents=True, exist_ok=True)
     report = args.out / "report.html"
     report.write_bytes(html)
@@ -474,17 +531,21 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "bundle.json").write_text(bundle.dumps())
     if args.pdf:
         print_pdf(report, args.out / "report.pdf")
-    logged = None if args.no_log else log_report(args, data, digest)
+    elif (args.out / "report.pdf").exists():  # an older print would not match this pack
+        (args.out / "report.pdf").unlink()
+    pack = write_manifest(args.out)
+    logged = None if args.no_log else log_report(args, data, pack)
     failed = [size for size, _, _, problem in data.checkpoints if problem]
     if args.json:
-        print_json({"report": str(report), "digest": digest, "complete": data.audit.ok,
+        print_json({"report": str(report), "digest": digest, "pack_digest": pack,
+                    "complete": data.audit.ok,
                     "bundle": str(args.out / "bundle.json"), "bundled": len(bundle.entries),
                     "records": len(data.points), "checkpoints": len(data.checkpoints),
                     "checkpoints_failing": failed, "anchors": len(data.anchors),
                     "report_record": logged})
     else:
         print(f"wrote {report} ({digest}) and {args.out / 'bundle.json'} "
-              f"({len(bundle.entries)} records)")
+              f"({len(bundle.entries)} records); pack digest {pack} ({MANIFEST})")
         print(f"{'COMPLETE' if data.audit.ok else 'NOT COMPLETE'}: {len(data.points)} records "
               f"in scope, {len(data.checkpoints)} checkpoints ({len(failed)} failing), "
               f"{len(data.anchors)} anchors in range")

@@ -89,6 +89,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "per log under AUDIT_LEDGER_HOME/verifier)")
     parser.add_argument("--no-state", action="store_true",
                         help="neither read nor advance the state file")
+    parser.add_argument("--report", type=Path, metavar="DIR",
+                        help="an evidence pack from `audit-ledger report`: recompute its "
+                             "digest from its files and compare it with the report record "
+                             "in the log (--db or --server; the record is verified too)")
     window = parser.add_argument_group("a window bundle (export --window): filters applied "
                                        "locally to its window's leaves")
     from audit_cli.filters import FILTERS
@@ -208,6 +212,8 @@ STATE_ATTEMPTS = 5
 
 def run(args: argparse.Namespace) -> int:
     one_source(args)  # --bundle with --server or --db: which one was meant is unknown
+    if args.report:
+        return _verify_report(args)
     verifier = pinned_verifier(args)
     args.verifier_name = verifier.name  # the default origin (see _origin)
     policy = _policy(args)
@@ -249,6 +255,53 @@ def run(args: argparse.Namespace) -> int:
     _replay_check(verdict, args, prompt)
     _report([verdict], args)
     return verdict.exit_code
+
+
+def _verify_report(args: argparse.Namespace) -> int:
+    """The pack's digest, recomputed from its files, against the one the log holds."""
+    import json
+
+    from audit_cli.report_pack import recompute
+
+    if one_source(args) not in ("db", "server"):
+        raise InvalidInputError("--db", "verify --report reads the logged digest from the "
+                                "log: give --db or --server")
+    verifier = pinned_verifier(args)
+    digest, problems = recompute(args.report)
+    try:
+        logged = json.loads((args.report / "report.record.json").read_text())
+        record_id = str(logged["record_id"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InvalidInputError("--report", f"{args.report} has no readable "
+                                f"report.record.json (made with --no-log?): {exc}") from exc
+    source = open_source(args)
+    try:
+        evidence = gather(source, record_id, None)
+    except RecordNotFoundError as exc:
+        verdict = record_missing(record_id, str(exc))
+    else:
+        verdict = verify_record(evidence, verifier, args.origin or verifier.name,
+                                policy=_policy(args))
+    finally:
+        if hasattr(source, "ledger"):
+            source.ledger.close()
+    logged_digest = (verdict.record or {}).get("report", {}).get("digest")
+    if not verdict.ok:
+        problems.append(f"the report record {record_id} does not verify: {verdict.summary}")
+    elif logged_digest != digest:
+        problems.append(f"the pack's digest is {digest}; the log's report record "
+                        f"{record_id} names {logged_digest}")
+    if args.json:
+        print_json({"report": str(args.report), "pack_digest": digest,
+                    "logged_digest": logged_digest, "verified": not problems,
+                    "problems": problems, "record": verdict.to_dict()})
+    else:
+        _print_verdict(verdict)
+        for problem in problems:
+            print(f"  [FAIL] {problem}")
+        print(f"pack {args.report}: " + ("digest MATCHES the log" if not problems else
+                                         "NOT verified"))
+    return EXIT_OK if not problems else EXIT_CHECK_FAILED
 
 
 class _State:

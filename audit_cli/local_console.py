@@ -121,7 +121,7 @@ class LocalConsole:
         main = template("search.html").substitute(
             since=escape(params.get("since", "")), until=escape(params.get("until", "")),
             limit=limit, inputs=inputs, rows="".join(result_row(r) for r in rows),
-            count=len(rows), more=more,
+            count=len(rows), more=more, total="",
             exports="export them with <code>audit-ledger export --server</code>")
         return html_answer(200, "Records", main)
 

@@ -30,7 +30,7 @@ from inference_wrapper.engine.params import GenerationParams
 from inference_wrapper.engine.tiny import build_tiny_model
 from ledger.leaves.record_v2 import EnvironmentRef
 from ledger.store.migrate import upgrade
-from ledger.store.sql import SqlLedger
+from ledger.store.sql import PgSessionSettings, SqlLedger
 
 PROMPTS = ["Summarise the credit exposure of the retail portfolio in one sentence:",
            "List three risks of the proposed loan:", "Translate to French: good morning",
@@ -90,7 +90,11 @@ def _database(backend: str, tmp: str, version: str, admin_url: str
 def _fill(url: str, generator: AuditedGenerator, results: list[BatchResult], wanted: int,
           version: str) -> float:
     upgrade(url)
-    with SqlLedger(url) as ledger:
+    # A shared, loaded machine can stall the writer between two statements for seconds:
+    # bytes are measured here, so PostgreSQL's short production bounds are relaxed.
+    relaxed = PgSessionSettings(lock_timeout_s=0, writer_idle_in_transaction_s=0,
+                                idle_in_transaction_s=0, statement_timeout_s=0)
+    with SqlLedger(url, pg=relaxed) as ledger:
         log = None
         if version == "v2":
             environment = generator.environment_leaf()

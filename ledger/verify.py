@@ -384,7 +384,8 @@ def _check_leaf_v2(verdict: Verdict, evidence: Evidence, leaf: bytes, origin: st
               f"{evidence.leaf_index}")
     if opened.kind == RECORD_KIND:
         try:
-            environment = _check_environment(opened, evidence.environment, origin)
+            environment = _check_environment(opened, evidence.leaf_index,
+                                             evidence.environment, origin)
         except LedgerError as exc:
             verdict.add(1, False, f"{type(exc).__name__}: {exc}")
             return None
@@ -396,7 +397,8 @@ def _check_leaf_v2(verdict: Verdict, evidence: Evidence, leaf: bytes, origin: st
     return dict(opened.content)
 
 
-def _check_environment(record: Leaf, given: LeafEvidence | None, origin: str) -> Leaf:
+def _check_environment(record: Leaf, record_index: int, given: LeafEvidence | None,
+                       origin: str) -> Leaf:
     named = record.content["environment"]
     if given is None:
         raise LeafBindingError(f"the record names environment leaf {named['leaf_index']} "
@@ -408,6 +410,13 @@ def _check_environment(record: Leaf, given: LeafEvidence | None, origin: str) ->
     if environment.kind != ENVIRONMENT_KIND:
         raise LeafBindingError(f"leaf {given.leaf_index} is a {environment.kind}, not an "
                                "environment")
+    # An environment is declared before the records that ran under it, by their engine.
+    if given.leaf_index >= record_index:
+        raise LeafBindingError(f"environment leaf {given.leaf_index} was appended after "
+                               f"record leaf {record_index}")
+    if environment.content["engine"] != record.content["engine"]:
+        raise LeafBindingError(f"the record ran on {record.content['engine']}, its "
+                               f"environment leaf is {environment.content['engine']}'s")
     if environment.leaf_hash.hex() != named["leaf_hash"]:
         raise LeafBindingError(f"the environment leaf hashes to "
                                f"{environment.leaf_hash.hex()}, the record names "

@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+
+def _isolated_home() -> None:
+    """Point ``AUDIT_LEDGER_HOME`` at a fresh folder for the whole run, before any project
+    module reads it: a test that leaves a setting at its default (the vault keyring, the
+    verifier's state, the logs) writes there, never into the user's own home. The
+    converted default model and the downloaded wheels are shared read-only (symlinks)."""
+    real = Path(os.environ.get("AUDIT_LEDGER_HOME", Path.home() / ".cache" / "audit-ledger"))
+    home = Path(tempfile.mkdtemp(prefix="audit-ledger-tests-"))
+    for shared in ("models", "downloads"):
+        if (real / shared).exists():
+            (home / shared).symlink_to(real / shared, target_is_directory=True)
+    os.environ["AUDIT_LEDGER_HOME"] = str(home)
+    atexit.register(shutil.rmtree, home, True)
+
+
+_isolated_home()
 
 
 @pytest.fixture(scope="session")

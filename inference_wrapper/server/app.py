@@ -26,6 +26,7 @@ from inference_wrapper.audit.batcher import Batcher
 from inference_wrapper.audit.generator import AuditedGenerator, LogBinding
 from inference_wrapper.engine.supervised import SupervisedEngine
 from inference_wrapper.server import logging_setup
+from inference_wrapper.server.access import access_middleware
 from inference_wrapper.server.appkeys import (
     ANCHOR_WORKER,
     BATCHER,
@@ -45,12 +46,13 @@ from inference_wrapper.server.appkeys import (
 )
 from inference_wrapper.server.console import setup_console
 from inference_wrapper.server.content import vault_context
+from inference_wrapper.server.generate_service import GENERATE, GenerateService
 from inference_wrapper.server.idempotency import Idempotency
 from inference_wrapper.server.journal import WatchedJournal
 from inference_wrapper.server.metrics import Metrics
 from inference_wrapper.server.problems import Problem, internal_error, problem_for
 from inference_wrapper.server.replica import last_seal
-from inference_wrapper.server.routes import OPENAI_PATHS, ROUTES, UNGATED_PATHS
+from inference_wrapper.server.route_table import OPENAI_PATHS, ROUTE_ROLES, ROUTES, UNGATED_PATHS
 from inference_wrapper.server.settings import Settings
 from inference_wrapper.server.slo import check_settings, slo_context
 from inference_wrapper.server.supervisor import Lifecycle, Supervisor
@@ -327,6 +329,8 @@ async def batcher_context(app: web.Application) -> AsyncIterator[None]:
             await batcher.log_environment(engine.environment())
     batcher.start()
     app[BATCHER] = batcher
+    app[GENERATE] = GenerateService(app[GENERATOR], batcher, app[IDEMPOTENCY], app[TRACER],
+                                    metrics, app[ANCHOR_WORKER], settings.request_timeout_s)
     ledger = app[LEDGER]
 
     def lag() -> float:
@@ -381,7 +385,7 @@ def create_app(settings: Settings, generator: AuditedGenerator, *,
     """``on_fatal(worker)`` runs once if a worker dies (the CLI stops the process)."""
     check_settings(settings)  # a bad SLO setting is refused before anything starts
     app = web.Application(client_max_size=settings.max_body_bytes,
-                          middlewares=[request_context])
+                          middlewares=[request_context, access_middleware(ROUTE_ROLES)])
     app[SETTINGS] = settings
     app[GENERATOR] = generator
     app[METRICS] = Metrics()

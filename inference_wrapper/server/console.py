@@ -17,6 +17,7 @@ import hmac
 import io
 import json
 import math
+import re
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -27,6 +28,7 @@ from urllib.parse import urlencode
 from aiohttp import web
 from sqlalchemy import select
 
+from inference_wrapper.server.access import readable_tenant
 from inference_wrapper.server.appkeys import INTEGRATOR, KEYS, LEDGER, SETTINGS, SIGNER
 from inference_wrapper.server.console_pages import (
     SECURITY_HEADERS,
@@ -40,6 +42,7 @@ from inference_wrapper.server.console_pages import (
     shown,
     static_asset,
     template,
+    visible,
 )
 from inference_wrapper.server.console_plots import (
     TIMELINE_FIELDS,
@@ -62,12 +65,12 @@ from inference_wrapper.server.console_sessions import (
     parse_proxies,
     session_secret,
 )
-from inference_wrapper.server.routes import readable_tenant
 from inference_wrapper.server.validation import MAX_QUERY_INT
 from ledger.client.bundle_stream import bundle_chunks, count_matching
 from ledger.client.database import DatabaseSource
 from ledger.client.sources import RecordNotFoundError, gather
 from ledger.errors import BackendError, InvalidInputError
+from ledger.leaves.mirror import LOG_WIDE_TENANT
 from ledger.store.schema import anchors, api_keys, checkpoints
 from ledger.store.sql import QUERY_FILTERS, RecordRow, SqlLedger, decode_cursor
 
@@ -320,25 +323,50 @@ async def search_page(request: web.Request) -> web.Response:
         search = parse_search(request.query, session.scope)
         rows, next_cursor = await asyncio.to_thread(
             _run_query, request.app[LEDGER], search, search.limit, search.cursor)
+        filters = {k: v for k, v in search.filters.items() if v is not None}
+        total = await asyncio.to_thread(count_matching, request.app[LEDGER], search.since,
+                                        search.until, filters)
     except (BadField, InvalidInputError) as exc:
-        return search_error(exc, session)
-    inputs = "".join(
-        f'<label>{escape(label)} <input name="{name}" '
-        f'value="{escape(search.filters[name] or "")}"></label>'
-        for name, label in FILTER_LABELS.items())
-    body_rows = "".join(result_row(mirror_json(row)) for row in rows)
+        # The form comes back as it was typed, with the error beside it.
+        status = 403 if isinstance(exc, OutOfScope) else 400
+        notice = (f'<section class="error" data-status="{status}" '
+                  f'data-field="{escape(exc.field or "")}"><p>{shown(exc.reason)} '
+                  f'<span class="field">field: <code>{escape(exc.field or "")}</code></span>'
+                  "</p></section>")
+        return page("Bad search", notice + _search_main(request.query, [], None, None, ""),
+                    session, status)
+    typed = {"since": _iso(search.since), "until": _iso(search.until),
+             "limit": str(search.limit),
+             **{k: v or "" for k, v in search.filters.items()}}
     more = (f'<a id="next-page" href="/console?{escape(search.query_string(cursor=next_cursor))}">'
             "next page</a>" if next_cursor else "")
-    query = search.query_string()
-    main = template("search.html").substitute(
-        since=escape(search.since.isoformat(timespec="minutes") if search.since else ""),
-        until=escape(search.until.isoformat(timespec="minutes") if search.until else ""),
-        limit=search.limit, inputs=inputs, rows=body_rows, count=len(rows), more=more,
-        exports=(f'<a id="csv-export" href="{escape("/console/records.csv?" + query)}">'
-                 "export all matching as CSV</a> · "
-                 f'<a id="bundle-export" href="{escape("/console/records.bundle?" + query)}">'
-                 "as an evidence bundle</a>"))
-    return page("Records", main, session)
+    return page("Records", _search_main(typed, rows, total, search, more), session)
+
+
+def _iso(moment: datetime | None) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%MZ") if moment else ""
+
+
+def _search_main(typed: Any, rows: list[RecordRow], total: int | None, search: Search | None,
+                 more: str) -> str:
+    """The search form with what was typed, and the results (none after an error)."""
+    inputs = "".join(
+        f'<label>{escape(label)} <input name="{name}" '
+        f'value="{escape(typed.get(name) or "")}"></label>'
+        for name, label in FILTER_LABELS.items())
+    exports = ""
+    if search is not None:
+        query = search.query_string()
+        exports = (f'<a id="csv-export" href="{escape("/console/records.csv?" + query)}">'
+                   "export all matching as CSV</a> · "
+                   f'<a id="bundle-export" href="{escape("/console/records.bundle?" + query)}">'
+                   "as an evidence bundle</a>")
+    return template("search.html").substitute(
+        since=escape(typed.get("since") or ""), until=escape(typed.get("until") or ""),
+        limit=escape(typed.get("limit") or "50"), inputs=inputs,
+        rows="".join(result_row(mirror_json(row)) for row in rows), count=len(rows),
+        total="" if total is None else f' of <span id="total-count">{total}</span> matching',
+        more=more, exports=exports)
 
 
 def mirror_json(row: RecordRow) -> dict[str, Any]:
@@ -348,8 +376,19 @@ def mirror_json(row: RecordRow) -> dict[str, Any]:
             **row.columns}
 
 
+def csv_name(search: Search) -> str:
+    """A file name that says what was exported: tenant, filters and range, safe chars."""
+    parts = ["audit-records", *(v for v in search.filters.values() if v)]
+    if search.since:
+        parts.append("from-" + search.since.strftime("%Y%m%dT%H%M"))
+    if search.until:
+        parts.append("to-" + search.until.strftime("%Y%m%dT%H%M"))
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(parts))[:120]
+    return name + ".csv"
+
+
 def _csv_cell(value: object) -> str:
-    text = "" if value is None else str(value)
+    text = "" if value is None else visible(str(value))
     # A spreadsheet runs a cell that starts with one of these as a formula.
     return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
@@ -380,9 +419,11 @@ async def export_csv(request: web.Request) -> web.StreamResponse:
         return search_error(exc, session)
     response = web.StreamResponse(headers={
         "Content-Type": "text/csv; charset=utf-8",
-        "Content-Disposition": 'attachment; filename="audit-records.csv"', **SECURITY_HEADERS})
+        "Content-Disposition": f'attachment; filename="{csv_name(search)}"',
+        **SECURITY_HEADERS})
     await response.prepare(request)
-    await response.write(csv_lines(rows, header=True).encode())
+    # A byte order mark: spreadsheets then read UTF-8 ("Société Générale" stays intact).
+    await response.write(b"\xef\xbb\xbf" + csv_lines(rows, header=True).encode())
     while cursor is not None:  # every matching row, a page at a time
         rows, cursor = await asyncio.to_thread(_run_query, request.app[LEDGER], search,
                                                CSV_PAGE, cursor)
@@ -481,8 +522,9 @@ def _plot_points(ledger: SqlLedger, since: datetime, until: datetime,
     while len(points) < PLOT_MAX_RECORDS:
         rows, cursor = ledger.query(since=since, until=until, limit=5000, cursor=cursor,
                                     tenant=tenant)
+        # An engine's environment leaf is no request: it has no point on the plots.
         points.extend(Point.from_record(r.created_at, r.columns, json.loads(r.leaf_body))
-                      for r in rows)
+                      for r in rows if r.tenant != LOG_WIDE_TENANT)
         if cursor is None:
             break
     return points[:PLOT_MAX_RECORDS]

@@ -95,6 +95,14 @@ def evidence_dict(evidence: Evidence) -> dict[str, Any]:
         "anchored_checkpoint": (evidence.anchored_note.decode("utf-8", "replace")
                                 if evidence.anchored_note else None),
         "anchor_consistency": None if consistency is None else [h.hex() for h in consistency],
+        # A v2 leaf (decision 0026): its body, and the environment leaf a record names.
+        **({} if evidence.body is None else {
+            "body_base64": base64.b64encode(evidence.body).decode()}),
+        **({} if evidence.environment is None else {"environment": {
+            "leaf_index": evidence.environment.leaf_index,
+            "envelope_base64": base64.b64encode(evidence.environment.envelope).decode(),
+            "body_base64": base64.b64encode(evidence.environment.body).decode(),
+            "inclusion_proof": [h.hex() for h in evidence.environment.inclusion_proof]}}),
     }
 
 

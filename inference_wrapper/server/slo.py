@@ -243,7 +243,7 @@ def check_settings(settings: Settings) -> dict[str, slo.LatencyTarget]:
 
 async def slo_context(app: web.Application) -> AsyncIterator[None]:
     """Start the sampler after every worker exists; record a clean stop on the way out."""
-    from inference_wrapper.server.routes import readiness_checks
+    from inference_wrapper.server.routes_ops import readiness_checks
 
     settings = app[SETTINGS]
     history = ReadinessHistory(app[LEDGER].engine, app[INTEGRATOR].replica_id)

@@ -13,9 +13,9 @@ import asyncio
 
 from aiohttp import web
 
+from inference_wrapper.server.access import READER_ROLES, authorize, readable_tenant
 from inference_wrapper.server.appkeys import LEDGER
 from inference_wrapper.server.problems import Problem
-from inference_wrapper.server.routes import READER_ROLES, authorize, readable_tenant
 from ledger import tiles
 from ledger.errors import InvalidInputError
 from ledger.store.tile_reads import TileNotFoundError, covered, read_entries, read_hash_tile

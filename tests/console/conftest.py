@@ -22,6 +22,8 @@ from inference_wrapper.server.app import INTEGRATOR, KEYS, LEDGER, SIGNER, creat
 from inference_wrapper.server.settings import Settings
 from ledger.checkpoint import Checkpoint
 from ledger.cosignature import Cosigner
+from ledger.store.migrate import upgrade
+from ledger.store.sql import SqlLedger
 from ledger.witness.cosignatures import store_cosignature
 from tests.records import make_record
 
@@ -54,8 +56,15 @@ def synthetic(i: int) -> Any:
 
 @pytest.fixture()
 async def console(aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: Any) -> Console:
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'ledger.db'}",
-                        log_key_path=tmp_path / "log.key", max_wait_ms=5.0,
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    # The past records first, before the service starts and logs its engine's environment
+    # (now): the log refuses a leaf dated well before its newest one.
+    upgrade(url)
+    ids = []
+    with SqlLedger(url) as history:
+        for i in range(7):
+            ids.append(history.append(synthetic(i)).record_id)
+    settings = Settings(database_url=url, log_key_path=tmp_path / "log.key", max_wait_ms=5.0,
                         checkpoint_interval_s=0.2, anchor_interval_s=0.2)
     app = create_app(settings, tiny_generator)
     client = await aiohttp_client(app)
@@ -63,13 +72,6 @@ async def console(aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: An
     tokens = {"client": keys.create("bank-a", "client")[0],
               "auditor": keys.create("audit-firm", "auditor")[0],
               "admin": keys.create("operator", "admin")[0]}
-    ledger = app[LEDGER]
-    ids = []
-    # The past records first: the log refuses a leaf dated well before its newest one.
-    for i in range(7):
-        record = synthetic(i)
-        await asyncio.to_thread(ledger.append, record)
-        ids.append(record.record_id)
     answer = await (await client.post("/v1/generate", json={"prompt": "Hello console",
                                                             "max_new_tokens": 4},
                                       headers={"Authorization": f"Bearer {tokens['client']}"}

@@ -174,7 +174,9 @@ async def test_sign_in_search_open_record_and_every_browser_check_passes(
     await page.click("#pin-button")
     await expect(page.locator("#verdict")).to_have_attribute("data-status", "pass")
     assert await statuses(page) == {1: "pass", 2: "pass", 3: "pass", 4: "pass"}
-    await expect(page.locator("table[data-section=hardware]")).to_be_visible()
+    # A v2 record: its hardware and software are in the environment leaf it names.
+    await expect(page.locator("table[data-section=environment-leaf]")).to_contain_text(
+        "hardware.")
     # The operator's page says whose code checks it, and shows that code's digest.
     await expect(page.locator("#hosting")).to_have_attribute("data-hosted-by", "operator")
     await expect(page.locator("#code-digest")).to_have_text(verification_code_digest())

@@ -19,7 +19,7 @@ from inference_wrapper.server.app import KEYS, LEDGER, SETTINGS, create_app
 from inference_wrapper.server.console_sessions import SessionCodec
 from ledger.anchor.store import SqlAnchorStore
 from ledger.checkpoint import NoteVerifier
-from ledger.verify import Evidence, TrustPolicy, verify_record
+from ledger.verify import Evidence, LeafEvidence, TrustPolicy, verify_record
 from tests.console.conftest import Console, sign_in
 
 EVIDENCE = re.compile(r'<script type="application/json" id="evidence">(.*?)</script>', re.S)
@@ -116,7 +116,7 @@ async def test_search_filters_by_tenant_driver_and_time(console: Console) -> Non
         page = await (await console.client.get(f"/console?{query}")).text()
         return re.findall(r'class="record-link" href="/console/records/([^"?]+)\?leaf=', page)
 
-    assert len(await ids("")) == 8
+    assert len(await ids("")) == 9  # and the engine's environment leaf (log-wide)
     assert await ids("tenant=bank-b") == console.synthetic_ids[1::2]
     assert await ids("driver_version=560.35.03") == console.synthetic_ids[4:]
     assert await ids("since=2026-11-30T09:02&until=2026-11-30T09:04") == \
@@ -133,7 +133,9 @@ async def test_search_paginates_with_a_cursor(console: Console) -> None:
         seen += re.findall(r'class="record-link" href="/console/records/([^"?]+)\?leaf=', page)
         more = re.search(r'id="next-page" href="([^"]+)"', page)
         url = more.group(1).replace("&amp;", "&") if more else ""
-    assert seen == [*console.synthetic_ids, console.generated_id]
+    environment = console.app[LEDGER].record_at(len(console.synthetic_ids))
+    assert environment is not None and environment.tenant == ""  # logged when it started
+    assert seen == [*console.synthetic_ids, environment.record_id, console.generated_id]
 
 
 async def test_bad_search_input_is_400_naming_the_field(console: Console) -> None:
@@ -174,6 +176,7 @@ async def test_record_page_carries_evidence_and_no_verdict(console: Console) -> 
     # The server says nothing about the outcome: every check starts pending.
     assert page.count('data-status="pending"') == 5
     assert "pass" not in json.dumps(evidence)
+    environment = evidence["environment"]  # a v2 record: its environment leaf comes along
     # The evidence is complete: Python's verifier, given the pinned key, accepts it.
     verdict = verify_record(
         Evidence(record_id=evidence["record_id"],
@@ -181,7 +184,12 @@ async def test_record_page_carries_evidence_and_no_verdict(console: Console) -> 
                  leaf_index=evidence["leaf_index"],
                  inclusion_proof=[bytes.fromhex(h) for h in evidence["inclusion_proof"]],
                  checkpoint_note=evidence["checkpoint"].encode(),
-                 log_leaf_hash=bytes.fromhex(evidence["log_leaf_hash"])),
+                 log_leaf_hash=bytes.fromhex(evidence["log_leaf_hash"]),
+                 body=base64.b64decode(evidence["body_base64"]),
+                 environment=LeafEvidence(
+                     environment["leaf_index"], base64.b64decode(environment["envelope_base64"]),
+                     base64.b64decode(environment["body_base64"]),
+                     [bytes.fromhex(h) for h in environment["inclusion_proof"]])),
         NoteVerifier.decode(console.verifier_key), NoteVerifier.decode(
             console.verifier_key).name, policy=TrustPolicy(require_anchor=False))
     assert [c.passed for c in verdict.checks[:3]] == [True, True, True]
@@ -418,6 +426,37 @@ async def test_a_bundle_over_the_cap_is_refused_before_anything_is_written(
     refused = await console.client.get("/console/records.bundle")
     assert refused.status == 422
     text = await refused.text()
-    assert "this search matches 8 records" in text and 'data-field="until"' in text
+    assert "this search matches 9 records" in text and 'data-field="until"' in text
     narrowed = await console.client.get("/console/records.bundle?tenant=bank-b")
     assert narrowed.status == 200  # 3 records: under the cap
+
+
+async def test_csv_has_a_bom_and_a_file_name_from_the_query(console: Console) -> None:
+    await sign_in(console.client, console.tokens["auditor"])
+    response = await console.client.get(
+        "/console/records.csv?tenant=bank-a&since=2026-11-30T09:00Z")
+    assert (await response.read()).startswith(b"\xef\xbb\xbfleaf_index,")
+    assert response.headers["Content-Disposition"] == (
+        'attachment; filename="audit-records_bank-a_from-20261130T0900.csv"')
+
+
+async def test_search_shows_the_total_and_a_bad_time_keeps_the_form(console: Console) -> None:
+    await sign_in(console.client, console.tokens["auditor"])
+    page = await (await console.client.get("/console?tenant=bank-a&limit=2")).text()
+    assert '<span id="result-count">2</span>' in page
+    assert '<span id="total-count">5</span> matching' in page
+    bad = await console.client.get("/console?tenant=bank-a&since=half+past+nine")
+    assert bad.status == 400
+    text = await bad.text()
+    assert 'data-field="since"' in text
+    assert 'name="since" value="half past nine"' in text  # what was typed comes back
+    assert 'name="tenant" value="bank-a"' in text
+
+
+def test_bidi_and_control_characters_are_made_visible() -> None:
+    liar = "\u202e51.45.055"
+    assert console_pages.visible(liar) == "<U+202E>51.45.055"
+    assert "\u202e" not in console_pages.result_row(
+        {"record_id": "r", "leaf_index": 1, "created_at": "", "tenant": "t",
+         "driver_version": liar})
+    assert console_module._csv_cell(liar) == "<U+202E>51.45.055"

@@ -91,6 +91,32 @@ def test_edited_mirror_row_makes_the_pack_say_not_complete(ledger_db: tuple[str,
     html = (tmp_path / "pack" / "report.html").read_text()
     assert 'class="bad" id="audit-verdict">NOT COMPLETE' in html
     assert "<td>column_mismatch</td><td>2</td>" in html
+    # The obligations table states what was found: never that no record is missing.
+    table = obligation_rows(html)
+    assert table["EU AI Act Art. 12 (record-keeping)"][2] == "NOT shown"
+    assert "NOT COMPLETE" in table["EU AI Act Art. 12 (record-keeping)"][3]
+    assert table["SEC 17a-4(f) (electronic records)"][2] == "NOT shown"
+    assert "found all" not in html and "no record is missing" not in html
+
+
+def obligation_rows(html: str) -> dict[str, list[str]]:
+    table = re.search(r'<table id="obligations">(.*?)</table>', html, re.S)
+    assert table is not None
+    rows = [re.findall(r"<td>(.*?)</td>", row, re.S)
+            for row in re.findall(r"<tr>(.*?)</tr>", table.group(1), re.S)]
+    return {row[0]: row for row in rows if row}
+
+
+def test_a_complete_pack_says_so_row_by_row_with_an_erasure_row(
+        ledger_db: tuple[str, str], tmp_path: Path) -> None:
+    url, key = ledger_db
+    assert report(url, key, tmp_path / "pack", "--from", "2026-11-30T09:00:00",
+                  "--to", "2100-01-01") == 0
+    table = obligation_rows((tmp_path / "pack" / "report.html").read_text())
+    assert table["EU AI Act Art. 12 (record-keeping)"][2] == "shown"
+    assert "found all 7 records" in table["EU AI Act Art. 12 (record-keeping)"][3]
+    assert table["EU AI Act Art. 19 (keeping the logs)"][2] == "shown"
+    assert table["GDPR Art. 17 (right to erasure)"][2] == "none in range"
 
 
 def test_another_pinned_key_writes_no_pack_and_fails(ledger_db: tuple[str, str],
@@ -108,18 +134,24 @@ def test_range_that_ends_before_it_starts_is_a_usage_error(ledger_db: tuple[str,
                   "--to", "2026-11-30T09:00:00") == 2
 
 
-def test_the_report_prints_to_a_pdf_whose_pages_render(ledger_db: tuple[str, str],
-                                                      tmp_path: Path) -> None:
+@pytest.mark.parametrize(("paper", "points"), [("A4", (595, 842)), ("Letter", (612, 792))])
+def test_the_report_prints_to_a_pdf_whose_pages_render(
+        ledger_db: tuple[str, str], tmp_path: Path, paper: str,
+        points: tuple[int, int]) -> None:
     """--pdf prints with the system Chromium; pdftoppm (poppler-utils) turns each page
-    into a greyscale image, and every page must carry ink, not come out blank."""
+    into a greyscale image: every page carries ink, none in the outer margin strips (text
+    or a table running off the page would), and each page is numbered."""
     url, key = ledger_db
     out = tmp_path / "pack"
-    assert report(url, key, out, *RANGE, "--pdf") == 0
+    assert report(url, key, out, *RANGE, "--pdf", "--paper", paper) == 0
     pdf = (out / "report.pdf").read_bytes()
     assert pdf.startswith(b"%PDF-")
-    pdftoppm = shutil.which("pdftoppm")
-    assert pdftoppm, "pdftoppm is missing: run `make setup` (poppler-utils)"
-    subprocess.run([pdftoppm, "-r", "30", "-gray", str(out / "report.pdf"),
+    sizes = {tuple(round(float(v)) for v in m.groups())
+             for m in re.finditer(rb"/MediaBox \[0 0 ([\d.]+) ([\d.]+)\]", pdf)}
+    assert sizes == {points}
+    pdftoppm, pdftotext = shutil.which("pdftoppm"), shutil.which("pdftotext")
+    assert pdftoppm and pdftotext, "poppler-utils is missing: run `make setup`"
+    subprocess.run([pdftoppm, "-r", "40", "-gray", str(out / "report.pdf"),
                     str(tmp_path / "page")], check=True, timeout=300,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pages = sorted(tmp_path.glob("page*.pgm"))
@@ -133,6 +165,15 @@ def test_the_report_prints_to_a_pdf_whose_pages_render(ledger_db: tuple[str, str
         pixels = data[len(data) - width * height:]
         dark = sum(1 for value in pixels if value < 128)
         assert dark > width * height // 1000, f"{page.name} looks blank"
+        strip = max(2, width // 60)  # about 3.5 mm of the 14 mm side margins
+        off_page = [x for y in range(height) for x in (*range(strip),
+                                                         *range(width - strip, width))
+                    if pixels[y * width + x] < 128]
+        assert off_page == [], f"{page.name}: ink at the page's edge (text off the page)"
+    text = subprocess.run([pdftotext, "-layout", str(out / "report.pdf"), "-"], check=True,
+                          capture_output=True, text=True, timeout=300).stdout
+    for number in range(1, len(pages) + 1):
+        assert f"page {number} of {len(pages)}" in text
 
 
 BLOCK_SERVING_STACK = """

@@ -89,9 +89,14 @@ def test_report_digest_is_logged_and_verifies_once_sealed(
     printed = capsys.readouterr().out
     logged = json.loads((out / "report.record.json").read_text())
     assert f"report record {logged['record_id']}" in printed
-    digest = "sha256:" + hashlib.sha256((out / "report.html").read_bytes()).hexdigest()
+    html = "sha256:" + hashlib.sha256((out / "report.html").read_bytes()).hexdigest()
+    assert (out / "report.html.sha256").read_text().split()[0] == html
+    # The logged digest covers the whole pack: the list of its files' digests.
+    manifest = (out / "report.pack.sha256").read_text()
+    bundle = "sha256:" + hashlib.sha256((out / "bundle.json").read_bytes()).hexdigest()
+    assert manifest == f"{bundle}  bundle.json\n{html}  report.html\n"
+    digest = "sha256:" + hashlib.sha256(manifest.encode()).hexdigest()
     assert logged["digest"] == digest
-    assert (out / "report.html.sha256").read_text().split()[0] == digest
 
     with SqlLedger(url) as ledger:
         stored = ledger.get_record(logged["record_id"])
@@ -100,7 +105,7 @@ def test_report_digest_is_logged_and_verifies_once_sealed(
         assert body["schema"] == REPORT_SCHEMA
         assert body["report"] == {"digest": digest, "from": "2026-11-30T09:00:00.000Z",
                                   "to": "2026-11-30T10:00:00.000Z", "scope_tenant": "bank-b",
-                                  "made_by": "auditor:jane", "file": "report.html"}
+                                  "made_by": "auditor:jane", "file": "report.pack.sha256"}
         assert stored.leaf_index == logged["leaf_index"] == 7
 
     verify = ["verify", logged["record_id"], "--db", url, "--log-key", key, "--no-state",
@@ -121,6 +126,25 @@ def test_report_digest_is_logged_and_verifies_once_sealed(
     checks = {c["check"]: c["status"] for c in json.loads(capsys.readouterr().out)["checks"]}
     assert checks[1] == checks[2] == checks[3] == "pass"
     assert checks[4] == "self-anchored"
+
+    # The whole pack against the log: recomputed from its files, compared with the leaf.
+    check_pack = ["verify", "--report", str(out), "--db", url, "--log-key", key,
+                  "--accept-self-anchored", "--json"]
+    assert main(check_pack) == 0
+    assert json.loads(capsys.readouterr().out)["pack_digest"] == digest
+    with (out / "bundle.json").open("a") as bundle_file:
+        bundle_file.write(" ")
+    assert main(check_pack) == 1
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert problems[0] == f"bundle.json has changed: its digest is no longer {bundle}"
+    # Rewriting the list to match the altered file moves the digest off the logged one.
+    altered = "sha256:" + hashlib.sha256((out / "bundle.json").read_bytes()).hexdigest()
+    (out / "report.pack.sha256").write_text(manifest.replace(bundle, altered))
+    assert main(check_pack) == 1
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    rewritten = hashlib.sha256(manifest.replace(bundle, altered).encode()).hexdigest()
+    assert problems == [f"the pack's digest is sha256:{rewritten}; the log's report "
+                        f"record {logged['record_id']} names {digest}"]
 
 
 def test_no_log_leaves_the_log_unchanged(ledger_db: tuple[str, NoteSigner],

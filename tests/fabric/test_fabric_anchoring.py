@@ -104,7 +104,7 @@ async def test_end_to_end_generate_anchor_on_fabric_and_verify(
     # Anchors it now, or finds the worker's own thread already did (attempts are serial).
     await asyncio.to_thread(app[ANCHOR_WORKER].run_once)
     anchored = app[ANCHOR_WORKER].store.latest()
-    assert anchored is not None and anchored.size == 1
+    assert anchored is not None and anchored.size == 2  # the environment leaf and the record
     capsys.readouterr()
     code = await asyncio.to_thread(main, [
         "verify", answer["record_id"], "--db", settings.database_url,

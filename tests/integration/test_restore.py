@@ -141,3 +141,24 @@ def test_restore_from_a_bucket(ledger_url: str, signer: NoteSigner, witness: Cos
     assert code == 0, err
     assert json.loads(out) == {"restored_size": 20, "root": sealed.root.hex(),
                                "proven_against": [20]}
+
+
+def test_restore_of_v2_leaves_names_what_it_lacks(signer: NoteSigner, witness: Cosigner,
+                                                  tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from ledger.publish.publisher import publish
+    from ledger.store.migrate import upgrade
+    from tests.tiny_log import build_log
+
+    vectors = json.loads((Path(__file__).parents[1] / "vectors/leaves_v2.json").read_text())
+    envelope = vectors["leaves"]["record"]["envelope"].encode()
+    source = f"sqlite:///{tmp_path / 'v2.db'}"
+    upgrade(source)
+    [note] = build_log(source, 3, signer, ORIGIN, leaf=lambda i: envelope)
+    with SqlLedger(source) as ledger:
+        publish(ledger.engine, note, DirectorySink(tmp_path / "tlog"))
+    (tmp_path / "seen.note").write_bytes(note)
+    code, _, err = _restore(capsys, str(tmp_path / "tlog"), f"sqlite:///{tmp_path / 'r.db'}",
+                            signer, "--checkpoint", str(tmp_path / "seen.note"))
+    assert code == 1 and "leaf 0 is not a record this restore can mirror" in err
+    assert not (tmp_path / "r.db").exists()

@@ -24,7 +24,7 @@ from inference_wrapper.server.app import (
     SIGNER,
     create_app,
 )
-from inference_wrapper.server.routes import ROUTES, openapi_document
+from inference_wrapper.server.route_table import ROUTES, openapi_document
 from inference_wrapper.server.settings import Settings
 from ledger import merkle
 from ledger.checkpoint import NoteVerifier

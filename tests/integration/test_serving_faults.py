@@ -18,7 +18,7 @@ import pytest
 from inference_wrapper.server.app import BATCHER, GENERATOR, KEYS, LEDGER, create_app
 from inference_wrapper.server.chat import WORD_JOINER
 from inference_wrapper.server.settings import Settings
-from ledger.digest import commitment_matches
+from ledger.leaves import commitments
 
 MakeClient = Callable[..., Awaitable[Any]]
 MODEL = "tiny-llama"
@@ -59,7 +59,7 @@ def leaves(client: Any) -> int:
 def record_of(client: Any, record_id: str) -> dict[str, Any]:
     row = client.server.app[LEDGER].get_record(record_id)
     assert row is not None
-    body: dict[str, Any] = json.loads(row.canonical)
+    body: dict[str, Any] = json.loads(row.leaf_body)  # an audit-record/v2 body
     return body
 
 
@@ -134,9 +134,9 @@ async def test_one_tenants_poison_never_fails_another_tenants_requests(service: 
         answer = await response.json()
         record = record_of(client, answer["audit"]["record_id"])
         assert record["tenant"] == "bank-b"
-        assert commitment_matches(record["data"]["output_commitment"],
-                                  bytes.fromhex(answer["audit"]["output_salt"]),
-                                  answer["choices"][0]["text"])
+        assert commitments.opens(record["commitments"]["output"],
+                                 bytes.fromhex(answer["audit"]["output_salt"]), "output",
+                                 answer["choices"][0]["text"].encode())
 
     async def streamed(i: int) -> None:
         response = await client.post(CHAT, json=_CHAT | {
@@ -151,8 +151,9 @@ async def test_one_tenants_poison_never_fails_another_tenants_requests(service: 
                        for c in chunks[:-1])
         record = record_of(client, final["audit"]["record_id"])
         assert record["tenant"] == "bank-b"
-        assert commitment_matches(record["data"]["output_commitment"],
-                                  bytes.fromhex(final["audit"]["output_salt"]), text)
+        assert commitments.opens(record["commitments"]["output"],
+                                 bytes.fromhex(final["audit"]["output_salt"]), "output",
+                                 text.encode())
 
     async def tenant_b() -> None:
         try:
@@ -190,10 +191,11 @@ async def test_a_body_that_does_not_decode_is_a_4xx_naming_content_encoding(
 async def test_brotli_without_its_decoder_is_refused_by_the_http_parser(service: Any) -> None:
     # aiohttp refuses it while parsing the head, before any handler: a plain-text 400.
     client, tokens = service
+    before = leaves(client)
     response = await client.post(GENERATE, data=b"x", headers=bearer(
         tokens["a"], **{"Content-Type": "application/json", "Content-Encoding": "br"}))
     assert response.status == 400
-    assert leaves(client) == 0
+    assert leaves(client) == before
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
@@ -220,13 +222,16 @@ async def test_openai_fields_clients_send_are_accepted(service: Any) -> None:
     assert response.status == 200, await response.text()
     answer = await response.json()
     record = record_of(client, answer["audit"]["record_id"])
-    assert record["data"]["stop"] == ["Human:"]
+    assert commitments.opens(record["commitments"]["stop"],
+                             bytes.fromhex(answer["audit"]["input_salt"]), "stop",
+                             commitments.stop_bytes(["Human:"]))
     # developer is a system turn; text parts are joined with a newline
     prompt = client.server.app[GENERATOR].loaded.tokenizer.apply_chat_template(
         [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one\ntwo"}],
         tokenize=False, add_generation_prompt=True)
-    assert commitment_matches(record["data"]["input_commitment"],
-                              bytes.fromhex(answer["audit"]["input_salt"]), prompt)
+    assert commitments.opens(record["commitments"]["input"],
+                             bytes.fromhex(answer["audit"]["input_salt"]), "input",
+                             prompt.encode())
 
 
 async def test_stream_options_include_usage_ends_with_a_usage_chunk(service: Any) -> None:
@@ -282,8 +287,9 @@ async def test_chat_content_cannot_place_control_tokens(service: Any) -> None:
         "<s>", "<" + WORD_JOINER + "s>")
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": split}],
                                            tokenize=False, add_generation_prompt=True)
-    assert commitment_matches(record["data"]["input_commitment"],
-                              bytes.fromhex(answer["audit"]["input_salt"]), prompt)
+    assert commitments.opens(record["commitments"]["input"],
+                             bytes.fromhex(answer["audit"]["input_salt"]), "input",
+                             prompt.encode())
     # Only the template's own control tokens are tokens: one turn and the reply prompt.
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     assert ids.count(tokenizer.bos_token_id) == 2
@@ -361,6 +367,7 @@ async def test_stalled_heads_and_bodies_are_cut_off(tmp_path: Path, tiny_generat
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         token = app[KEYS].create("bank-a", "client")[0]
+        before = leaves_of(app)
         # A head that never ends: the connection is closed (read returns EOF).
         reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
         writer.write(b"POST /v1/generate HTTP/1.1\r\nHost: x\r\n")
@@ -378,7 +385,7 @@ async def test_stalled_heads_and_bodies_are_cut_off(tmp_path: Path, tiny_generat
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 408"), answer
         assert json.loads(body)["field"] == "body"
-        assert leaves_of(app) == 0
+        assert leaves_of(app) == before
     finally:
         await runner.cleanup()
 

@@ -211,6 +211,40 @@ async function cosigners(noteText, witnesses) {
   return found;
 }
 
+// Record v2 (audit-leaf/v2): the leaf is a small envelope; the body beside it must hash
+// to the envelope's "body" and agree with its kind, time and tenant tag. Returns the body.
+async function openLeafV2(envelopeBytes, bodyBytes, origin) {
+  const decoder = new TextDecoder("utf-8", { fatal: true });
+  const envelope = JSON.parse(decoder.decode(envelopeBytes));
+  if (!envelope || envelope.schema !== "audit-leaf/v2") throw new Error("the leaf is not an audit-leaf/v2 envelope");
+  const digest = "sha256:" + hex(await sha256(bodyBytes));
+  if (digest !== envelope.body) throw new Error(`the body hashes to ${digest}, the envelope names ${envelope.body}`);
+  const body = JSON.parse(decoder.decode(bodyBytes));
+  if (!body || body.schema !== envelope.kind) throw new Error(`the envelope's kind is ${envelope.kind}, the body's schema is ${body && body.schema}`);
+  if (body.created_at !== envelope.created_at) throw new Error(`the envelope's time ${envelope.created_at} is not the body's ${body.created_at}`);
+  const expected = envelope.kind === "environment/v1" ? null
+    : "sha256:" + hex(await sha256(enc.encode(`audit-ledger tenant-tag/v1\n${origin}\n${body.tenant}`)));
+  if (envelope.tenant_tag !== expected) throw new Error(`the envelope's tenant tag ${envelope.tenant_tag} is not the tag of tenant ${JSON.stringify(body.tenant)}`);
+  return { envelope, body };
+}
+
+// Check 1 for a v2 leaf, and for a record the environment leaf it names. Returns the
+// environment's leaf hash (for check 2) or null.
+async function checkLeafV2(evidence, bytes, origin) {
+  const opened = await openLeafV2(bytes, b64decode(evidence.body_base64), origin);
+  if (opened.envelope.kind !== "audit-record/v2") return { body: opened.body, environmentLeaf: null, environment: null };
+  const named = opened.body.environment || {};
+  const given = evidence.environment;
+  if (!given) throw new Error(`the record names environment leaf ${named.leaf_index} and the server gave none`);
+  if (given.leaf_index !== named.leaf_index) throw new Error(`the server gave leaf ${given.leaf_index} as the environment, the record names leaf ${named.leaf_index}`);
+  const envelope = b64decode(given.envelope_base64);
+  const environment = await openLeafV2(envelope, b64decode(given.body_base64), origin);
+  if (environment.envelope.kind !== "environment/v1") throw new Error(`leaf ${given.leaf_index} is not an environment`);
+  const environmentLeaf = await hashLeaf(envelope);
+  if (hex(environmentLeaf) !== named.leaf_hash) throw new Error(`the environment leaf hashes to ${hex(environmentLeaf)}, the record names ${named.leaf_hash}`);
+  return { body: opened.body, environmentLeaf, environment: environment.body };
+}
+
 function show(number, status, reason) {
   const item = $("check-" + number);
   item.dataset.status = status;
@@ -230,7 +264,7 @@ async function verify(evidence, pins) {
   const set = (n, status, reason) => { results[n] = status; show(n, status, reason); };
   const asked = askedFor();
   const bytes = b64decode(evidence.canonical_base64);
-  const body = renderEvidence(evidence, bytes);
+  let body = renderEvidence(evidence, bytes);
   if (!pins.log) {
     for (const n of [1, 2, 3, 4]) set(n, "skipped", "not run: pin the log's verifier key above");
     return verdictOf(results, "not verified: pin the log key to run the checks");
@@ -238,7 +272,22 @@ async function verify(evidence, pins) {
 
   // Check 1: the bytes are the record asked for and hash to the leaf the log holds.
   const leaf = await hashLeaf(bytes);
-  if (body === null || typeof body !== "object" || Array.isArray(body)) {
+  let environmentLeaf = null;
+  if (evidence.body_base64) {
+    try {
+      const v2 = await checkLeafV2(evidence, bytes, pins.log.name);
+      body = v2.body;
+      environmentLeaf = v2.environmentLeaf;
+      renderSections(body, evidence);
+      if (v2.environment) renderEnvironment(v2.environment);
+    } catch (err) {
+      body = null;
+      set(1, "fail", `the v2 leaf does not open: ${err.message}`);
+    }
+  }
+  if (results[1] === "fail") {
+    // reported above
+  } else if (body === null || typeof body !== "object" || Array.isArray(body)) {
     set(1, "fail", "record bytes are not a JSON object");
   } else if (body.record_id !== asked.recordId) {
     set(1, "fail", `the bytes are record ${JSON.stringify(body.record_id)}, not ${asked.recordId} (the record asked for)`);
@@ -275,7 +324,14 @@ async function verify(evidence, pins) {
       if (evidence.tree_size !== checkpoint.size) throw new Error(`proof is for size ${evidence.tree_size}, the checkpoint has ${checkpoint.size}`);
       const root = await rootFromInclusion(leaf, evidence.leaf_index, checkpoint.size, evidence.inclusion_proof.map(unhex));
       if (!equal(root, checkpoint.root)) throw new Error(`calculated root ${hex(root)}, the checkpoint has ${hex(checkpoint.root)}`);
-      set(2, "pass", `leaf ${evidence.leaf_index} is in the tree of size ${checkpoint.size}`);
+      let where = `leaf ${evidence.leaf_index}`;
+      if (environmentLeaf) {
+        const e = evidence.environment;
+        const envRoot = await rootFromInclusion(environmentLeaf, e.leaf_index, checkpoint.size, e.inclusion_proof.map(unhex));
+        if (!equal(envRoot, checkpoint.root)) throw new Error(`the environment leaf's proof leads to ${hex(envRoot)}, the checkpoint has ${hex(checkpoint.root)}`);
+        where += ` and its environment leaf ${e.leaf_index}`;
+      }
+      set(2, "pass", `${where} in the tree of size ${checkpoint.size}`);
     } catch (err) {
       set(2, "fail", `inclusion proof does not hold: ${err.message}`);
     }
@@ -389,6 +445,22 @@ function kvTable(section, rows) {
     tr.append(th, td); table.append(tr);
   }
   return table;
+}
+
+function renderEnvironment(body) {
+  const holder = $("sections");
+  const title = document.createElement("h3");
+  title.textContent = "environment leaf";
+  const rows = [];
+  const walk = (prefix, v) => {
+    if (v !== null && typeof v === "object" && !Array.isArray(v)) {
+      for (const [k, inner] of Object.entries(v)) walk(prefix ? `${prefix}.${k}` : k, inner);
+      return;
+    }
+    rows.push([prefix, JSON.stringify(v)]);
+  };
+  walk("", body);
+  holder.append(title, kvTable("environment-leaf", rows));
 }
 
 // The record's identity and sections as tables of dotted paths, from the bytes themselves.

@@ -10,11 +10,12 @@ from contextlib import contextmanager
 
 from aiohttp import web
 
+from inference_wrapper.server.access import access_middleware
 from inference_wrapper.server.app import request_context
 from inference_wrapper.server.appkeys import KEYS, LEDGER, LIFECYCLE, METRICS
 from inference_wrapper.server.metrics import Metrics
+from inference_wrapper.server.route_table import ROUTE_ROLES, ROUTES
 from inference_wrapper.server.supervisor import Lifecycle
-from inference_wrapper.server.tiles import tile_routes
 from ledger.store.apikeys import ApiKeyStore
 from ledger.store.sql import SqlLedger
 
@@ -24,10 +25,12 @@ def tiles_service(ledger: SqlLedger) -> Iterator[tuple[str, dict[str, str]]]:
     """Yields the tiles prefix URL and a bearer token per role ("auditor", "client")."""
     keys = ApiKeyStore(ledger.engine)
     tokens = {role: keys.create("bank-a", role)[0] for role in ("auditor", "client")}
-    app = web.Application(middlewares=[request_context])  # the service's error shapes
+    # The service's error shapes and its access rule, with only the tile routes.
+    app = web.Application(middlewares=[request_context, access_middleware(ROUTE_ROLES)])
     app[LEDGER], app[KEYS] = ledger, keys
     app[LIFECYCLE], app[METRICS] = Lifecycle(), Metrics()
-    app.add_routes(tile_routes())
+    app.add_routes([web.route(r.method, r.pattern or r.path, r.handler)
+                    for r in ROUTES if r.path.startswith("/tlog/")])
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app)
     loop.run_until_complete(runner.setup())

@@ -396,8 +396,6 @@ def create_app(settings: Settings, generator: AuditedGenerator, *,
     app.cleanup_ctx.extend([ledger_context, vault_context, receipts_context, integrator_context,
                             anchor_context, witness_context, engine_context, batcher_context,
                             supervisor_context, slo_context])
-    app.add_routes([web.route(r.method, r.path, r.handler) for r in ROUTES])
-    from inference_wrapper.server.tiles import tile_routes
-    app.add_routes(tile_routes())  # the log as C2SP tlog-tiles at /tlog
+    app.add_routes([web.route(r.method, r.pattern or r.path, r.handler) for r in ROUTES])
     setup_console(app)  # the auditor's console at /console
     return app

@@ -40,6 +40,7 @@ from inference_wrapper.server.routes_records import (
     public_key,
     record_proof,
 )
+from inference_wrapper.server.tiles import TILE_PATTERN, tlog_checkpoint, tlog_tile
 from inference_wrapper.server.validation import MAX_QUERY_INT, Field, openapi_schema
 
 
@@ -54,6 +55,8 @@ class Route:
     roles: tuple[str, ...] | None = None  # who may call it (None: no key needed)
     openai: bool = False  # errors in OpenAI's shape instead of problem details
     response: dict[str, Any] | None = None  # JSON Schema of the 200 body
+    media: str = "text/plain"  # the 200 body's type when it is not JSON (``response``)
+    pattern: str | None = None  # aiohttp's path with a regex, when ``path`` has none
 
 
 def _obj(required: dict[str, Any], optional: dict[str, Any] | None = None,
@@ -187,6 +190,12 @@ ROUTES = (
     Route("GET", "/v1/log/public-key", public_key, "the log's verifier key",
           response=RESPONSES["public_key"],
           roles=READER_ROLES),
+    Route("GET", "/tlog/checkpoint", tlog_checkpoint,
+          "C2SP tlog-tiles: the latest signed checkpoint, witness cosignatures included",
+          roles=READER_ROLES),
+    Route("GET", "/tlog/tile/{tile_path}", tlog_tile,
+          "C2SP tlog-tiles: a hash tile or an entry bundle (immutable once full)",
+          roles=READER_ROLES, media="application/octet-stream", pattern=TILE_PATTERN),
     Route("GET", "/healthz", healthz, "liveness", response=RESPONSES["healthz"]),
     Route("GET", "/readyz", readyz, "readiness", response=RESPONSES["readyz"]),
     Route("GET", "/metrics", metrics, "Prometheus metrics"),
@@ -248,8 +257,8 @@ def openapi_document(limits: Limits | None = None, model: str | None = None
                     "description": "each server-sent event: a JSON chunk on its data "
                     "line (the last chunk carries the receipt), then [DONE]"}}
         else:
-            success = {"description": "Prometheus text exposition",
-                       "content": {"text/plain": {"schema": {"type": "string"}}}}
+            success = {"description": route.summary,
+                       "content": {route.media: {"schema": {"type": "string"}}}}
         responses: dict[str, Any] = {"200": success, "4XX": error, "5XX": error}
         if route.handler is readyz:  # not ready is a readiness body, not a problem
             responses["503"] = {"description": "not ready", "content": {
@@ -262,6 +271,9 @@ def openapi_document(limits: Limits | None = None, model: str | None = None
                    "schema": _QUERY_SCHEMAS.get(q, {"type": "string"})} for q in route.query]
         if "{record_id}" in route.path:
             params.append({"name": "record_id", "in": "path", "required": True,
+                           "schema": {"type": "string", "minLength": 1}})
+        if "{tile_path}" in route.path:
+            params.append({"name": "tile_path", "in": "path", "required": True,
                            "schema": {"type": "string", "minLength": 1}})
         if params:
             operation["parameters"] = params

@@ -13,7 +13,7 @@ import asyncio
 
 from aiohttp import web
 
-from inference_wrapper.server.access import READER_ROLES, authorize, readable_tenant
+from inference_wrapper.server.access import caller, readable_tenant
 from inference_wrapper.server.appkeys import LEDGER
 from inference_wrapper.server.problems import Problem
 from ledger import tiles
@@ -22,11 +22,11 @@ from ledger.store.tile_reads import TileNotFoundError, covered, read_entries, re
 from ledger.witness.cosignatures import cosigned_note
 
 PREFIX = "/tlog"
+TILE_PATTERN = PREFIX + "/tile/{tile_path:.+}"  # a tile path spans several segments
 IMMUTABLE = "public, max-age=31536000, immutable"
 
 
 async def tlog_checkpoint(request: web.Request) -> web.Response:
-    authorize(request, READER_ROLES)
     ledger = request.app[LEDGER]
     latest = await asyncio.to_thread(ledger.latest_checkpoint)
     if latest is None:
@@ -37,7 +37,7 @@ async def tlog_checkpoint(request: web.Request) -> web.Response:
 
 
 async def tlog_tile(request: web.Request) -> web.Response:
-    key = authorize(request, READER_ROLES)
+    key = caller(request)  # the access middleware checked its role (route table)
     try:
         ref = tiles.parse_path("tile/" + request.match_info["tile_path"])
     except InvalidInputError as exc:
@@ -61,7 +61,3 @@ async def tlog_tile(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": "application/octet-stream",
                                             "Cache-Control": IMMUTABLE})
 
-
-def tile_routes() -> list[web.RouteDef]:
-    return [web.get(f"{PREFIX}/checkpoint", tlog_checkpoint),
-            web.get(PREFIX + "/tile/{tile_path:.+}", tlog_tile)]

@@ -1,11 +1,10 @@
-"""Where anchors are remembered: the ``anchors`` table and the mirror's ``anchor_ref``.
+"""Where anchors are remembered: the ``anchors`` table.
 
 Every reader and writer of anchors (the local anchor, the Fabric anchor, the worker, the
 routes, the exporter, the database evidence source) goes through ``AnchorStore``. Its one
-write, ``record``, inserts the anchor row AND gives every mirror row below the anchored
-size that still has no reference this anchor's reference, in ONE database transaction:
-a crash can leave neither an anchor whose rows are unreferenced nor rows referencing an
-anchor that was never stored.
+write, ``record``, inserts one anchor row. Which anchor covers a mirror row is derived
+from the anchor sizes (the first anchor whose size exceeds the row's leaf index,
+decision 0029), so no row is rewritten and a crash cannot leave the two disagreeing.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from ledger.store.schema import anchors, records
@@ -39,12 +38,11 @@ class AnchorStore(Protocol):
         """The anchor recorded for exactly ``size``, if any."""
 
     def record(self, size: int, note: bytes, kind: str, ref: str) -> AnchoredCheckpoint:
-        """Store the anchor of checkpoint ``size`` and reference it from every mirror row
-        below ``size`` that has no reference yet, atomically. Idempotent: recording a size
-        already stored returns what is stored and changes nothing."""
+        """Store the anchor of checkpoint ``size``. Idempotent: recording a size already
+        stored returns what is stored and changes nothing."""
 
     def unreferenced_below(self, size: int) -> int:
-        """How many mirror rows below ``size`` have no anchor reference (for checks)."""
+        """How many leaves below ``size`` no stored anchor covers yet (for checks)."""
 
 
 def _now() -> datetime:
@@ -69,22 +67,13 @@ class SqlAnchorStore:
 
     def record(self, size: int, note: bytes, kind: str, ref: str) -> AnchoredCheckpoint:
         now = _now()
-        # The ledger's writer engine takes SQLite's write lock at BEGIN, so two recorders
-        # serialise; on PostgreSQL the primary key makes the loser's insert fail, which
-        # rolls its mirror update back with it.
+        # One statement, a write first (so SQLite takes its write lock at once); a size
+        # already recorded (by us earlier, or by another recorder) fails on the primary
+        # key, and what is stored stands.
         try:
-            with self.ledger._writer_engine.begin() as conn:
-                row = conn.execute(select(anchors).where(anchors.c.size == size)).first()
-                if row is not None:
-                    return _anchored(row)
+            with self.ledger.engine.begin() as conn:
                 conn.execute(insert(anchors).values(size=size, note=note, kind=kind, ref=ref,
                                                     anchored_at=now))
-                # Every row still without a reference, not only those since the previous
-                # anchor: rows a lost anchor never referenced are covered here at the latest.
-                conn.execute(update(records)
-                             .where(records.c.leaf_index < size,
-                                    records.c.anchor_ref.is_(None))
-                             .values(anchor_ref=ref))
         except IntegrityError:
             stored = self.get(size)
             if stored is None:
@@ -94,23 +83,24 @@ class SqlAnchorStore:
 
     def unreferenced_below(self, size: int) -> int:
         with self.ledger.engine.connect() as conn:
-            return int(conn.execute(
-                select(func.count()).select_from(records)
-                .where(records.c.leaf_index < size, records.c.anchor_ref.is_(None))).scalar()
-                or 0)
+            covered = conn.execute(select(func.max(anchors.c.size))).scalar() or 0
+            rows = conn.execute(select(func.count()).select_from(records)
+                                .where(records.c.leaf_index >= covered,
+                                       records.c.leaf_index < size)).scalar()
+        return int(rows or 0)
 
 
 class MemoryAnchorStore:
-    """An in-memory twin for unit tests: anchors and a mirror of ``rows`` leaf indexes."""
+    """An in-memory twin for unit tests: anchors over a log of ``rows`` leaves."""
 
     def __init__(self, rows: int = 0) -> None:
         self.anchors: dict[int, AnchoredCheckpoint] = {}
-        self.refs: list[str | None] = [None] * rows
+        self.rows = rows
         self._lock = threading.Lock()
 
     def add_rows(self, count: int) -> None:
         with self._lock:
-            self.refs.extend([None] * count)
+            self.rows += count
 
     def latest(self) -> AnchoredCheckpoint | None:
         with self._lock:
@@ -126,14 +116,12 @@ class MemoryAnchorStore:
                 return self.anchors[size]
             stored = AnchoredCheckpoint(size, note, kind, ref, _now())
             self.anchors[size] = stored
-            for index in range(min(size, len(self.refs))):
-                if self.refs[index] is None:
-                    self.refs[index] = ref
             return stored
 
     def unreferenced_below(self, size: int) -> int:
         with self._lock:
-            return sum(1 for ref in self.refs[:size] if ref is None)
+            covered = max(self.anchors, default=0)
+            return max(0, min(size, self.rows) - covered)
 
 
 def _anchored(row: Any) -> AnchoredCheckpoint:

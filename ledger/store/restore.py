@@ -127,7 +127,7 @@ def _write_leaves(conn: Connection, read: Callable[[str], bytes | None], size: i
     into mirror rows (parsing records is most of a restore's work)."""
     mark = "%s" if conn.dialect.name == "postgresql" else "?"
     node_sql = f"INSERT INTO tree_nodes (level, idx, hash) VALUES ({mark}, {mark}, {mark})"
-    columns = (*RECORD_INSERT_COLUMNS, "checkpoint_size")
+    columns = RECORD_INSERT_COLUMNS
     record_sql = (f"INSERT INTO records ({', '.join(columns)}) "
                   f"VALUES ({', '.join([mark] * len(columns))})")
     compact = merkle.CompactRange()
@@ -157,12 +157,12 @@ def _write_leaves(conn: Connection, read: Callable[[str], bytes | None], size: i
         for bundle in _bundles(read, size):
             chunk.extend(bundle)
             if len(chunk) >= CHUNK_LEAVES:
-                pending.append((chunk, pool.submit(_mirror_rows, queued, chunk, size, sqlite)))
+                pending.append((chunk, pool.submit(_mirror_rows, queued, chunk, sqlite)))
                 queued += len(chunk)
                 chunk = []
                 drain(2 * workers)
         if chunk:
-            pending.append((chunk, pool.submit(_mirror_rows, queued, chunk, size, sqlite)))
+            pending.append((chunk, pool.submit(_mirror_rows, queued, chunk, sqlite)))
         drain(0)
     conn.exec_driver_sql(f"UPDATE tree_state SET size = {mark}, root = {mark} WHERE id = 1",
                          (compact.size, compact.root()))
@@ -181,12 +181,12 @@ class _InlineExecutor(ThreadPoolExecutor):
         return done
 
 
-def _mirror_rows(start: int, entries: list[bytes], size: int, sqlite: bool
+def _mirror_rows(start: int, entries: list[bytes], sqlite: bool
                  ) -> list[tuple[object, ...]]:
-    return [_mirror_row(start + i, entry, size, sqlite) for i, entry in enumerate(entries)]
+    return [_mirror_row(start + i, entry, sqlite) for i, entry in enumerate(entries)]
 
 
-def _mirror_row(index: int, entry: bytes, size: int, sqlite: bool) -> tuple[object, ...]:
+def _mirror_row(index: int, entry: bytes, sqlite: bool) -> tuple[object, ...]:
     try:
         columns = mirror_columns(open_record(entry))
     except LedgerError as exc:
@@ -198,7 +198,7 @@ def _mirror_row(index: int, entry: bytes, size: int, sqlite: bool) -> tuple[obje
     # A v1 leaf is its record: no body beside it, no environment leaf (decision 0026).
     columns.setdefault("body", None)
     columns.setdefault("environment_index", None)
-    return (*(columns[c] for c in RECORD_INSERT_COLUMNS), size)
+    return tuple(columns[c] for c in RECORD_INSERT_COLUMNS)
 
 
 def _write_head(conn: Connection, checkpoint: Checkpoint, note: bytes,

@@ -9,7 +9,9 @@ Alembic migrations in ``migrations/``; a test checks the two agree.
 - ``log_meta`` is the log's identity: its unique origin and the verifier key of its
   signing key, fixed when the log is created.
 - ``records`` is the auditors' mirror: typed, indexed columns and the exact canonical
-  bytes that were hashed (for a v2 leaf its envelope, with its body beside it);
+  bytes that were hashed (for a v2 leaf its envelope, with its body beside it), each row
+  written once. Which checkpoint and which anchor cover a row is derived from the
+  ``checkpoints`` and ``anchors`` sizes, never stored on it (decision 0029);
   ``environments`` holds the filter columns of each environment leaf.
 """
 
@@ -86,8 +88,6 @@ records = Table(
     Column("service_revision", String(64)),
     Column("input_commitment", String(80)),
     Column("output_commitment", String(80)),
-    Column("checkpoint_size", BigInteger),  # the first checkpoint that covered it
-    Column("anchor_ref", Text),
     Column("canonical", LargeBinary, nullable=False),  # the exact bytes that were hashed
     # v2 leaves (decision 0026): ``canonical`` is the envelope, ``body`` the body beside
     # it; a v2 record names the environment leaf it ran under. NULL for v1 leaves.
@@ -101,12 +101,7 @@ records = Table(
             postgresql_where=text(f"{column} IS NOT NULL"))
       for column in ("model_digest", "accelerator_model", "driver_version",
                      "service_revision")),
-    Index("ix_records_checkpoint_size", "checkpoint_size"),
     Index("ix_records_environment_index", "environment_index"),
-    # Rows still waiting for an anchor reference (migration 0004): recording an anchor
-    # updates exactly these.
-    Index("ix_records_unanchored", "leaf_index", sqlite_where=text("anchor_ref IS NULL"),
-          postgresql_where=text("anchor_ref IS NULL")),
 )
 
 # The filter columns of each environment/v1 leaf (decision 0026): a v2 record's model,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import bisect
 import logging
 import queue
 import threading
@@ -35,7 +36,6 @@ from sqlalchemy import (
     or_,
     select,
     text,
-    update,
 )
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -59,7 +59,14 @@ from ledger.record import AuditRecord, mirror_columns
 from ledger.store import fencing
 from ledger.store.fencing import PROCESS_TAG
 from ledger.store.file_modes import private_sqlite_files
-from ledger.store.schema import checkpoints, environments, log_meta, records, tree_state
+from ledger.store.schema import (
+    anchors,
+    checkpoints,
+    environments,
+    log_meta,
+    records,
+    tree_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -199,8 +206,8 @@ class RecordRow:
     tenant: str
     columns: dict[str, Any]
     canonical: bytes  # a v1 record's bytes, or a v2 leaf's envelope
-    checkpoint_size: int | None
-    anchor_ref: str | None
+    checkpoint_size: int | None  # the first checkpoint covering it (derived, not stored)
+    anchor_ref: str | None  # the first anchor covering it (derived, not stored)
     stored_body: bytes | None = None  # a v2 leaf's body as stored (None for v1)
     environment_index: int | None = None  # the environment leaf of a v2 record
 
@@ -734,9 +741,9 @@ class SqlLedger:
                         lock_wait_s: float | None = None) -> StoredCheckpoint | None:
         """Sign the current tree head if it grew since the last checkpoint.
 
-        Also marks the mirror rows the new checkpoint is the first to cover. Safe to call
-        from several replicas at once: the ``tree_state`` row lock orders them, and the
-        later one finds nothing new to seal.
+        Safe to call from several replicas at once: the ``tree_state`` row lock orders
+        them, and the later one finds nothing new to seal. No mirror row is touched: the
+        checkpoint that first covers a row follows from the checkpoint sizes.
 
         ``lock_wait_s`` (PostgreSQL) bounds the wait for that row below the session's
         ``lock_timeout``: the integrator must not sit behind a stuck writer for longer
@@ -768,11 +775,6 @@ class SqlLedger:
             sealed_at = datetime.now(UTC).replace(tzinfo=None)
             conn.execute(insert(checkpoints).values(size=size, root=root, note=note,
                                                     sealed_at=sealed_at, sealed_by=sealed_by))
-            conn.execute(
-                update(records)
-                .where(records.c.leaf_index >= (last or 0), records.c.leaf_index < size)
-                .values(checkpoint_size=size)
-            )
         return StoredCheckpoint(int(size), bytes(root), note, sealed_at, sealed_by)
 
     def latest_checkpoint(self) -> StoredCheckpoint | None:
@@ -802,16 +804,6 @@ class SqlLedger:
             ).one()
         return int(count), oldest, int(newest) if newest is not None else size
 
-    def set_anchor(self, size: int, anchor_ref: str, since: int = 0) -> int:
-        """Record where checkpoint ``size`` was anchored on every row it covers."""
-        with self._writer_engine.begin() as conn:
-            result = conn.execute(
-                update(records)
-                .where(records.c.leaf_index >= since, records.c.leaf_index < size)
-                .values(anchor_ref=anchor_ref)
-            )
-        return int(result.rowcount or 0)
-
     # --- the log's identity -----------------------------------------------------------
 
     def log_meta(self) -> LogMeta | None:
@@ -838,14 +830,14 @@ class SqlLedger:
     def get_record(self, record_id: str) -> RecordRow | None:
         """A mirror row; a v2 record's filter columns are its environment's."""
         with self.engine.connect() as conn:
-            row = conn.execute(_mirror_select().where(records.c.record_id == record_id)
-                               ).first()
+            row = conn.execute(_with_coverage(_mirror_select())
+                               .where(records.c.record_id == record_id)).first()
         return _record_row(row) if row else None
 
     def record_at(self, leaf_index: int) -> RecordRow | None:
         with self.engine.connect() as conn:
-            row = conn.execute(_mirror_select().where(records.c.leaf_index == leaf_index)
-                               ).first()
+            row = conn.execute(_with_coverage(_mirror_select())
+                               .where(records.c.leaf_index == leaf_index)).first()
         return _record_row(row) if row else None
 
     def environments(self) -> dict[int, dict[str, Any]]:
@@ -875,7 +867,7 @@ class SqlLedger:
             raise InvalidInputError(sorted(unknown)[0], "is not a known filter")
         if not 1 <= limit <= 10_000:
             raise InvalidInputError("limit", "must be between 1 and 10000")
-        statement = _mirror_select().order_by(records.c.leaf_index).limit(limit + 1)
+        statement = _with_coverage(_mirror_select()).order_by(records.c.leaf_index).limit(limit + 1)
         if cursor is not None:
             statement = statement.where(records.c.leaf_index > decode_cursor(cursor))
         if since is not None:
@@ -900,7 +892,12 @@ class SqlLedger:
 
     def iter_records(self, start: int = 0, end: int | None = None,
                      batch: int = 5000) -> Iterator[RecordRow]:
-        """Every mirror row with ``start <= leaf_index < end``, in index order."""
+        """Every mirror row with ``start <= leaf_index < end``, in index order.
+
+        The covering checkpoint and anchor of a batch's rows come from the checkpoints
+        and anchors in its leaf range (and the first one past it), by bisect: a scan of
+        the whole log reads each checkpoint and anchor once.
+        """
         position = start
         while True:
             statement = (select(records).where(records.c.leaf_index >= position)
@@ -908,7 +905,10 @@ class SqlLedger:
             if end is not None:
                 statement = statement.where(records.c.leaf_index < end)
             with self.engine.connect() as conn:
-                rows = [_record_row(r) for r in conn.execute(statement)]
+                found = conn.execute(statement).all()
+                coverage = _Coverage.read(conn, int(found[0].leaf_index),
+                                          int(found[-1].leaf_index)) if found else None
+            rows = [_record_row(r, coverage) for r in found]
             yield from rows
             if len(rows) < batch:
                 return
@@ -973,21 +973,83 @@ def _mirror_select() -> Any:
         environments, environments.c.leaf_index == records.c.environment_index))
 
 
+def _with_coverage(statement: Any) -> Any:
+    """``statement`` (a mirror select) plus the checkpoint that first covers each row and
+    the anchor that covers it, computed from their sizes (decision 0029): each one
+    primary-key lookup. Scans use ``_Coverage`` instead."""
+    return statement.add_columns(
+        select(func.min(checkpoints.c.size)).where(checkpoints.c.size > records.c.leaf_index)
+        .scalar_subquery().label("checkpoint_size"),
+        select(anchors.c.ref).where(anchors.c.size > records.c.leaf_index)
+        .order_by(anchors.c.size).limit(1).scalar_subquery().label("anchor_ref"))
+
+
 def _checkpoint(row: Any) -> StoredCheckpoint:
     return StoredCheckpoint(int(row.size), bytes(row.root), bytes(row.note), row.sealed_at,
                             row.sealed_by)
 
 
-def _record_row(row: Any) -> RecordRow:
+class _Coverage:
+    """The checkpoints and anchors that cover a range of leaves: each leaf's first
+    covering one is the first whose size exceeds its index (decision 0029)."""
+
+    def __init__(self, checkpoint_sizes: list[int], anchor_sizes: list[int],
+                 anchor_refs: list[str]) -> None:
+        self.checkpoint_sizes = checkpoint_sizes
+        self.anchor_sizes, self.anchor_refs = anchor_sizes, anchor_refs
+
+    @classmethod
+    def read(cls, conn: Connection, first: int, last: int) -> _Coverage:
+        """Those covering leaves ``first..last``: the ones in that range and the first
+        one past it."""
+        sizes = [int(size) for (size,) in conn.execute(
+            select(checkpoints.c.size).where(checkpoints.c.size > first,
+                                             checkpoints.c.size <= last + 1)
+            .order_by(checkpoints.c.size))]
+        if not sizes or sizes[-1] <= last:
+            beyond = conn.execute(select(func.min(checkpoints.c.size))
+                                  .where(checkpoints.c.size > last)).scalar()
+            if beyond is not None:
+                sizes.append(int(beyond))
+        anchored = [(int(size), str(ref)) for size, ref in conn.execute(
+            select(anchors.c.size, anchors.c.ref).where(anchors.c.size > first,
+                                                        anchors.c.size <= last + 1)
+            .order_by(anchors.c.size))]
+        if not anchored or anchored[-1][0] <= last:
+            beyond_anchor = conn.execute(
+                select(anchors.c.size, anchors.c.ref).where(anchors.c.size > last)
+                .order_by(anchors.c.size).limit(1)).first()
+            if beyond_anchor is not None:
+                anchored.append((int(beyond_anchor.size), str(beyond_anchor.ref)))
+        return cls(sizes, [size for size, _ in anchored], [ref for _, ref in anchored])
+
+    def checkpoint_for(self, leaf: int) -> int | None:
+        at = bisect.bisect_right(self.checkpoint_sizes, leaf)
+        return self.checkpoint_sizes[at] if at < len(self.checkpoint_sizes) else None
+
+    def anchor_for(self, leaf: int) -> str | None:
+        at = bisect.bisect_right(self.anchor_sizes, leaf)
+        return self.anchor_refs[at] if at < len(self.anchor_refs) else None
+
+
+def _record_row(row: Any, coverage: _Coverage | None = None) -> RecordRow:
+    """A mirror row; its covering checkpoint and anchor come from the row (computed by
+    ``_mirror_select``) or from ``coverage``."""
     mapping = dict(row._mapping)
+    leaf_index = int(mapping.pop("leaf_index"))
+    checkpoint_size = mapping.pop("checkpoint_size", None)
+    anchor_ref = mapping.pop("anchor_ref", None)
+    if coverage is not None:
+        checkpoint_size = coverage.checkpoint_for(leaf_index)
+        anchor_ref = coverage.anchor_for(leaf_index)
     return RecordRow(
-        leaf_index=int(mapping.pop("leaf_index")),
+        leaf_index=leaf_index,
         record_id=mapping.pop("record_id"),
         created_at=mapping.pop("created_at"),
         tenant=mapping.pop("tenant"),
         canonical=bytes(mapping.pop("canonical")),
-        checkpoint_size=mapping.pop("checkpoint_size"),
-        anchor_ref=mapping.pop("anchor_ref"),
+        checkpoint_size=None if checkpoint_size is None else int(checkpoint_size),
+        anchor_ref=anchor_ref,
         stored_body=None if (body := mapping.pop("body")) is None else bytes(body),
         environment_index=mapping.pop("environment_index"),
         columns=mapping,

@@ -1,10 +1,11 @@
-"""The two lost-anchor bugs seen on a real network, reproduced on the peer double, and the
-crash between the anchor row and the mirror update:
+"""The two lost-anchor bugs seen on a real network, reproduced on the peer double, and a
+crash after anchoring, before the anchor row is stored:
 
 (a) the commit status is lost after a real commit -> after reconciliation no mirror row
     is without an anchor reference and the recorded tx id and block are the chain's;
 (b) resubmitting an anchored checkpoint orders nothing and records the ORIGINAL transaction;
-(c) a failure between the anchor row and the mirror update leaves neither behind.
+(c) a failure before the anchor row is stored leaves no row covered, and the next
+    attempt records the chain's anchor.
 """
 
 from __future__ import annotations
@@ -150,27 +151,27 @@ def test_b_resubmitting_an_anchored_checkpoint_records_the_original_transaction(
     assert row is not None and row.anchor_ref == recorded.ref
 
 
-class _CrashOnMirrorUpdate:
-    """Fail the mirror UPDATE that follows the anchor row, as a crash would."""
+class _CrashOnRecordingTheAnchor:
+    """Fail the insert of the anchor row after the anchor was made, as a crash would."""
 
     def __init__(self, ledger: SqlLedger) -> None:
-        self.engine, self.armed, self.fired = ledger._writer_engine, True, 0
+        self.engine, self.armed, self.fired = ledger.engine, True, 0
         event.listen(self.engine, "before_cursor_execute", self)
 
     def __call__(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if self.armed and statement.lstrip().upper().startswith("UPDATE RECORDS"):
+        if self.armed and statement.lstrip().upper().startswith("INSERT INTO ANCHORS"):
             self.armed = False
             self.fired += 1
-            raise RuntimeError("crash between the anchor row and the mirror update")
+            raise RuntimeError("crash before the anchor row was stored")
 
     def remove(self) -> None:
         event.remove(self.engine, "before_cursor_execute", self)
 
 
-def test_c_crash_between_fabric_anchor_row_and_mirror_update(setup: Setup) -> None:
+def test_c_crash_before_the_fabric_anchor_row_is_stored(setup: Setup) -> None:
     setup.anchor.anchor(setup.grow(3).note)
     sealed = setup.grow(3)
-    crash = _CrashOnMirrorUpdate(setup.ledger)
+    crash = _CrashOnRecordingTheAnchor(setup.ledger)
     try:
         with pytest.raises(RuntimeError, match="crash"):
             setup.anchor.anchor(sealed.note)
@@ -179,7 +180,7 @@ def test_c_crash_between_fabric_anchor_row_and_mirror_update(setup: Setup) -> No
     assert crash.fired == 1
     assert setup.chain(sealed.size)["size"] == 6  # on the chain ...
     assert setup.store.get(sealed.size) is None  # ... but neither the anchor row ...
-    assert setup.store.unreferenced_below(sealed.size) == 3  # ... nor half the rows
+    assert setup.store.unreferenced_below(sealed.size) == 3  # ... so no row is covered
     setup.anchor.anchor(sealed.note)  # the next attempt reconciles: no new transaction
     chain_tx = setup.chain(sealed.size)["txId"]
     recorded = setup.store.get(sealed.size)
@@ -187,7 +188,7 @@ def test_c_crash_between_fabric_anchor_row_and_mirror_update(setup: Setup) -> No
     assert setup.store.unreferenced_below(sealed.size) == 0
 
 
-def test_c_crash_between_local_anchor_row_and_mirror_update(tmp_path: Path) -> None:
+def test_c_crash_before_the_local_anchor_row_is_stored(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'local.db'}"
     upgrade(url)
     signer = load_or_create_signer(tmp_path / "log.key", ORIGIN)
@@ -197,7 +198,7 @@ def test_c_crash_between_local_anchor_row_and_mirror_update(tmp_path: Path) -> N
         sealed = ledger.seal_checkpoint(signer, ORIGIN)
         assert sealed is not None
         anchor = LocalAnchor(ledger, signer.verifier(), ORIGIN)
-        crash = _CrashOnMirrorUpdate(ledger)
+        crash = _CrashOnRecordingTheAnchor(ledger)
         try:
             with pytest.raises(RuntimeError, match="crash"):
                 anchor.anchor(sealed.note)

@@ -64,8 +64,6 @@ def _insider_truncates_and_rewrites(url: str) -> None:
         conn.execute(delete(checkpoints).where(checkpoints.c.size > 35))
         conn.execute(delete(anchors).where(anchors.c.size > 35))
         conn.execute(delete(cosignatures).where(cosignatures.c.checkpoint_size > 35))
-        conn.execute(update(records).where(records.c.leaf_index >= 35).values(
-            checkpoint_size=None, anchor_ref=None))
         conn.execute(update(records).where(records.c.leaf_index == 37).values(
             canonical=forged.canonical, record_id=forged.record_id,
             input_commitment=columns["input_commitment"],

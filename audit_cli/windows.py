@@ -4,7 +4,6 @@ trusted checkpoint (the pinned key, and witnesses) and the local filter."""
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -86,7 +85,7 @@ def leaf_filter(filters: Mapping[str, str], origin: str) -> Callable[[int, bytes
     """The query's filters applied to one leaf's bytes: a v1 record's own columns, or a
     v2 envelope's tenant tag (its other columns are in bodies, which tiles do not carry)."""
     from ledger.audit import open_record
-    from ledger.leaves.envelope import is_envelope, tenant_tag
+    from ledger.leaves.envelope import is_envelope, parse_envelope, tenant_tag
     from ledger.record import mirror_columns
 
     tag = tenant_tag(origin, filters["tenant"]) if "tenant" in filters else None
@@ -100,7 +99,8 @@ def leaf_filter(filters: Mapping[str, str], origin: str) -> Callable[[int, bytes
             if set(filters) != {"tenant"}:
                 raise InvalidInputError(sorted(set(filters) - {"tenant"})[0].replace(
                     "_", "-"), "v2 leaves are filtered by tenant only through tiles")
-            return bool(json.loads(entry)["tenant_tag"] == tag)
+            # Strictly: an envelope with two tenant tags must not pass as another's.
+            return bool(parse_envelope(entry)["tenant_tag"] == tag)
         # Without a backslash every JSON string is spelled out in the bytes: a record not
         # holding each wanted value verbatim cannot match, and is not parsed.
         if b"\\" not in entry and not all(value in entry for value in wanted):

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from audit_cli.windows import leaf_filter
 from ledger import merkle
 from ledger.audit import MirrorRow, audit_range, naive_utc
 from ledger.canonical import parse_strict
@@ -144,3 +145,17 @@ def test_body_with_a_lone_surrogate_tenant_fails_check_1_instead_of_crashing() -
 
 def honest_tag() -> str:
     return tenant_tag(ORIGIN, "acme")
+
+
+def test_window_filter_on_an_envelope_with_a_duplicate_tenant_tag_refuses_it() -> None:
+    # An operator's envelope naming acme's tag, then null: a lax parser keeps the last
+    # one and acme's completeness check never sees this leaf as acme's.
+    honest = _record(_environment(), 0)
+    tag = honest_tag().encode()
+    forged = honest.envelope.replace(b'"tenant_tag":"' + tag + b'"',
+                                     b'"tenant_tag":"' + tag + b'","tenant_tag":null')
+    assert forged != honest.envelope
+    keep = leaf_filter({"tenant": "acme"}, ORIGIN)
+    assert keep(1, honest.envelope)
+    with pytest.raises(CanonicalFormError, match="duplicate key 'tenant_tag'"):
+        keep(1, forged)

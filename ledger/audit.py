@@ -213,11 +213,23 @@ def _check_environment(row: MirrorRow, leaf: Leaf,
                     f"{_show(stored.get(name))!r}, the environment leaf says {said!r}",
                     row.leaf_index, row.record_id, name, _show(stored.get(name)), said))
         return
+    problem = environment_reference_problem(leaf, environment_leaves)
+    if problem is not None:
+        report.findings.append(AuditFinding(
+            ENVIRONMENT_MISMATCH, f"{where}: {problem}", row.leaf_index, row.record_id,
+            "environment_index"))
+
+
+def environment_reference_problem(leaf: Leaf, environment_leaves: Mapping[int, Leaf]
+                                  ) -> str | None:
+    """What is wrong with the environment a v2 record names, or None: it must be an
+    environment leaf before it (``environment_leaves``: those seen so far, by index),
+    with the named leaf hash, of the record's own engine. Shared by ``audit`` and
+    ``log fsck``."""
     named = leaf.content.get("environment")
     if named is None:
-        return
+        return None
     environment = environment_leaves.get(named["leaf_index"])
-    problem = None
     if environment is None:
         problem = "which is no environment leaf before it"
     elif environment.leaf_hash.hex() != named["leaf_hash"]:
@@ -226,11 +238,9 @@ def _check_environment(row: MirrorRow, leaf: Leaf,
     elif environment.content["engine"] != leaf.content["engine"]:
         problem = (f"which is {environment.content['engine']}'s, not "
                    f"{leaf.content['engine']}'s")
-    if problem is not None:
-        report.findings.append(AuditFinding(
-            ENVIRONMENT_MISMATCH, f"{where}: the record names leaf {named['leaf_index']} as "
-            f"its environment, {problem}", row.leaf_index, row.record_id,
-            "environment_index"))
+    else:
+        return None
+    return f"the record names leaf {named['leaf_index']} as its environment, {problem}"
 
 
 def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: datetime,

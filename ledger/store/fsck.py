@@ -15,7 +15,8 @@ record_unparseable, column_mismatch, node_mismatch, node_missing, root_mismatch,
 checkpoint_signature, checkpoint_root_mismatch, checkpoint_beyond_log, checkpoint_missing,
 anchor_signature, anchor_size_mismatch, anchor_checkpoint_missing,
 anchor_checkpoint_mismatch, anchor_root_mismatch, anchor_beyond_log, anchor_order,
-cosignature_malformed, cosignature_orphan.
+cosignature_malformed, cosignature_orphan, environment_mismatch (a v2 record names an
+environment leaf that is not before it, has another hash, or is another engine's).
 
 Cosignature lines (the ``cosignatures`` table) must each be one well-formed signature
 line naming its witness and belong to a stored checkpoint; whether a witness's signature
@@ -31,10 +32,17 @@ from datetime import datetime
 from sqlalchemy import select
 
 from ledger import merkle
-from ledger.audit import column_findings
+from ledger.audit import (
+    ENVIRONMENT_MISMATCH,
+    column_findings,
+    environment_reference_problem,
+    open_row,
+)
 from ledger.checkpoint import Checkpoint, NoteVerifier
 from ledger.cosignature import well_formed_line
 from ledger.errors import LedgerError
+from ledger.leaves.envelope import Leaf
+from ledger.leaves.environment import ENVIRONMENT_KIND
 from ledger.store.schema import anchors, cosignatures
 from ledger.store.sql import RecordRow, SqlLedger
 
@@ -98,6 +106,7 @@ def fsck(
     compact = merkle.CompactRange()
     rows = ledger.iter_records(0, None, BATCH)
     row = next(rows, None)
+    environment_leaves: dict[int, Leaf] = {}  # those seen so far (rows in leaf order)
 
     for start in range(0, size, BATCH):
         end = min(start + BATCH, size)
@@ -116,7 +125,7 @@ def fsck(
                 report.findings.append(Finding("record_missing", f"leaf {index}",
                                                "log entry with no mirror row"))
             else:
-                _check_row(row, leaf, report, verifier.name)
+                _check_row(row, leaf, report, verifier.name, environment_leaves)
                 report.records_checked += 1
                 row = next(rows, None)
             created.extend(node for node in compact.append(leaf) if node[0][0] > 0)
@@ -236,7 +245,8 @@ def _check_anchors(anchor_rows: list[_Anchor], verifier: NoteVerifier,
                 f"{roots_at.get(anchor.size, merkle.EMPTY_ROOT).hex()}"))
 
 
-def _check_row(row: RecordRow, leaf: bytes, report: FsckReport, origin: str) -> None:
+def _check_row(row: RecordRow, leaf: bytes, report: FsckReport, origin: str,
+               environment_leaves: dict[int, Leaf]) -> None:
     where = f"leaf {row.leaf_index} (record {row.record_id})"
     if merkle.hash_leaf(row.canonical) != leaf:
         report.findings.append(Finding("record_altered", where,
@@ -244,7 +254,22 @@ def _check_row(row: RecordRow, leaf: bytes, report: FsckReport, origin: str) -> 
         return
     stored = dict(row.columns, record_id=row.record_id, tenant=row.tenant,
                   created_at=row.created_at, environment_index=row.environment_index)
-    for found in column_findings(row.leaf_index, row.record_id, row.canonical, stored,
-                                 strict=True, body=row.body, origin=origin):
+    findings = column_findings(row.leaf_index, row.record_id, row.canonical, stored,
+                               strict=True, body=row.body, origin=origin)
+    for found in findings:
         report.findings.append(Finding(found.kind, where,
                                        found.message.removeprefix(f"{where}: ")))
+    if row.body is None or findings:
+        return  # a v1 record names no environment; a bad row is reported already
+    try:
+        opened = open_row(row.canonical, row.body, origin)
+    except LedgerError:
+        return
+    if not isinstance(opened, Leaf):
+        return
+    if opened.kind == ENVIRONMENT_KIND:
+        environment_leaves[row.leaf_index] = opened
+        return
+    problem = environment_reference_problem(opened, environment_leaves)
+    if problem is not None:
+        report.findings.append(Finding(ENVIRONMENT_MISMATCH, where, problem))

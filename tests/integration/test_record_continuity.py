@@ -218,3 +218,31 @@ def test_a_changed_environment_row_fails_audit_and_a_swapped_environment_fails_v
     assert code == 1 and out["failed_check"] == 1
     assert "the environment leaf hashes to" in out["checks"][0]["reason"]
 
+
+
+def test_fsck_finds_a_record_naming_one_environment_index_and_another_hash(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Leaf 5 is the engine's declared environment, leaf 6 another one; the record names
+    # index 5 but leaf 6's hash: each row alone is well formed, only the pair is wrong.
+    shutil.copy(VECTORS / "v1_log.sqlite", tmp_path / "log.sqlite")
+    url = f"sqlite:///{tmp_path / 'log.sqlite'}"
+    upgrade(url)
+    signer = NoteSigner(ORIGIN, Ed25519PrivateKey.from_private_bytes(SEED))
+    declared = _environment()
+    other = build_environment(**{**{k: v for k, v in declared.content.items()
+                                    if k not in ("schema", "record_id", "created_at")},
+                                 "hardware": {"accelerator": "cuda",
+                                              "accelerator_model": "NVIDIA A100"}})
+    with SqlLedger(url).start() as ledger:
+        index = ledger.append(declared).leaf_index
+        ledger.append(other)
+        (honest, _), = _v2_leaves(index, declared)[:1]
+        ledger.append(honest)
+        (forged, _), = _v2_leaves(index, other)[1:2]
+        forged_index = ledger.append(forged).leaf_index
+        ledger.seal_checkpoint(signer, ORIGIN)
+    code, out = cli(capsys, "log", "fsck", "--db", url, "--log-key", KEY, "--no-state")
+    assert code == 1
+    assert [(f["kind"], f["where"]) for f in out["findings"]] == [
+        ("environment_mismatch", f"leaf {forged_index} (record {forged.record_id})")]
+    assert f"the record names leaf {index} as its environment" in out["findings"][0]["detail"]

@@ -20,7 +20,6 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import delete, insert
 
-from audit_cli.main import main
 from ledger.anchor.local import LocalAnchor
 from ledger.bundle import Bundle, BundleEntry
 from ledger.checkpoint import Checkpoint, NoteSigner, NoteVerifier
@@ -29,18 +28,9 @@ from ledger.errors import CheckpointFormatError, SignatureError
 from ledger.store.migrate import upgrade
 from ledger.store.schema import cosignatures, tree_nodes
 from ledger.store.sql import SqlLedger
+from tests.cli_runs import cli_json
 from tests.records import make_record
 from tests.simulator import ORIGIN, SimLog, witness_keys, witnesses
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
-    capsys.readouterr()
-    code = main([*argv, "--json"])
-    out = capsys.readouterr().out
-    try:
-        return code, json.loads(out)
-    except ValueError:
-        return code, out
 
 
 @pytest.fixture(autouse=True)
@@ -79,7 +69,7 @@ def test_planted_fork_behind_a_cosigned_anchor_proves_the_record_but_is_never_re
     planted = bundle_of(fork, 42, fork.note(42), [5], anchored=anchor,
                         anchor_proof=fork.tree.consistency_proof(30, 42))
     key = honest.signer.verifier().encode()
-    code, result = run_cli(capsys, "verify", "--bundle", write(tmp_path, planted),
+    code, result = cli_json(capsys, "verify", "--bundle", write(tmp_path, planted),
                            "--log-key", key, *witness_args(both))
     # The record (index 5) is in the cosigned size-30 tree: proven; the verifier
     # remembers that cosigned size 30, never the fork's 42.
@@ -91,12 +81,12 @@ def test_planted_fork_behind_a_cosigned_anchor_proves_the_record_but_is_never_re
     # that it extends the remembered size 30.
     genuine = replace(bundle_of(honest, 40, honest.note(40, cosigners=both), [5, 35]),
                       consistency_from={30: honest.tree.consistency_proof(30, 40)})
-    code, result = run_cli(capsys, "verify", "--bundle", write(tmp_path, genuine),
+    code, result = cli_json(capsys, "verify", "--bundle", write(tmp_path, genuine),
                            "--log-key", key, *witness_args(both))
     assert code == 0, result
     assert Checkpoint.peek(state[0].read_bytes()).size == 40
     # The fork again, now that the verifier saw 40: refused, and the state stays.
-    code, result = run_cli(capsys, "verify", "--bundle", write(tmp_path, planted),
+    code, result = cli_json(capsys, "verify", "--bundle", write(tmp_path, planted),
                            "--log-key", key, *witness_args(both))
     assert code == 1 and result["failed_check"] == 4, result
     assert Checkpoint.peek(state[0].read_bytes()).size == 40
@@ -167,7 +157,7 @@ def test_cross_origin_redirect_never_carries_the_api_key(
     _Redirector.seen, _Collector.seen = [], []
     # Another port on the same host is another origin (RFC 6454).
     _Redirector.redirect_to = collector
-    code, result = run_cli(capsys, *command, "--server", redirector, "--api-key",
+    code, result = cli_json(capsys, *command, "--server", redirector, "--api-key",
                            "alk_secret_key")
     assert code == 3, result
     assert "another origin" in result["error"]["message"]
@@ -191,7 +181,7 @@ def _hostile_bundle(canonical: bytes) -> Bundle:
 def test_hostile_record_bytes_in_a_bundle_fail_check_1_not_exit_4(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], canonical: bytes) -> None:
     bundle = _hostile_bundle(canonical)
-    code, result = run_cli(capsys, "verify", "--bundle", write(tmp_path, bundle),
+    code, result = cli_json(capsys, "verify", "--bundle", write(tmp_path, bundle),
                            "--log-key", bundle.log_key, "--accept-self-anchored")
     assert code == 1, result
     assert result["failed_check"] == 1
@@ -203,7 +193,7 @@ def test_deeply_nested_bundle_json_is_a_usage_error_not_exit_4(
     key = NoteSigner(ORIGIN, Ed25519PrivateKey.generate()).verifier().encode()
     path = write(tmp_path, '{"format": "audit-ledger-bundle/v2", "x": ' + "[" * 100_000
                  + "]" * 100_000 + "}")
-    code, result = run_cli(capsys, "verify", "--bundle", path, "--log-key", key)
+    code, result = cli_json(capsys, "verify", "--bundle", path, "--log-key", key)
     assert code == 2 and result["error"]["field"] == "bundle", result
     assert "nested deeper" in result["error"]["message"]
 
@@ -222,7 +212,7 @@ def test_hostile_server_json_is_exit_3_malformed_not_exit_4(
         recorder: str, capsys: pytest.CaptureFixture[str], body: bytes, words: str) -> None:
     _Recorder.redirect_to, _Recorder.body = "", body
     key = NoteSigner(ORIGIN, Ed25519PrivateKey.generate()).verifier().encode()
-    code, result = run_cli(capsys, "verify", "r1", "--server", recorder, "--api-key", "k",
+    code, result = cli_json(capsys, "verify", "r1", "--server", recorder, "--api-key", "k",
                            "--log-key", key, "--no-state")
     assert code == 3, result
     assert "not evidence" in result["error"]["message"] and words in result["error"]["message"]
@@ -234,7 +224,7 @@ def test_oversized_server_answer_is_refused_with_a_clear_error(
     monkeypatch.setattr(safe_http, "MAX_ANSWER_BYTES", 1000)
     _Recorder.redirect_to, _Recorder.body = "", b'{"pad": "' + b"x" * 5000 + b'"}'
     key = NoteSigner(ORIGIN, Ed25519PrivateKey.generate()).verifier().encode()
-    code, result = run_cli(capsys, "verify", "r1", "--server", recorder, "--api-key", "k",
+    code, result = cli_json(capsys, "verify", "r1", "--server", recorder, "--api-key", "k",
                            "--log-key", key, "--no-state")
     assert code == 3 and "(at most 1000)" in result["error"]["message"], result
 
@@ -246,7 +236,7 @@ def test_oversized_bundle_is_refused_with_a_clear_error(
 
     monkeypatch.setattr(ledger.bundle, "MAX_BUNDLE_BYTES", 1000)
     bundle = _hostile_bundle(b"{}" + b" " * 2000)
-    code, result = run_cli(capsys, "verify", "--bundle", write(tmp_path, bundle),
+    code, result = cli_json(capsys, "verify", "--bundle", write(tmp_path, bundle),
                            "--log-key", bundle.log_key)
     assert code == 2 and "larger than 1000 bytes" in result["error"]["message"], result
 
@@ -254,7 +244,7 @@ def test_oversized_bundle_is_refused_with_a_clear_error(
 def test_state_pointing_at_a_directory_is_a_usage_error_naming_the_state(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bundle = _hostile_bundle(b"{}")
-    code, result = run_cli(capsys, "verify", "--bundle", write(tmp_path, bundle),
+    code, result = cli_json(capsys, "verify", "--bundle", write(tmp_path, bundle),
                            "--log-key", bundle.log_key, "--state", str(tmp_path))
     assert code == 2 and result["error"]["field"] == "--state", result
 
@@ -265,7 +255,7 @@ def test_one_bad_entry_fails_that_entry_and_the_others_are_judged(
     data = json.loads(bundle_of(log, 3, log.note(3), [0, 1, 2], anchored=log.note(3)).dumps())
     data["entries"][1]["leaf_index"] = 1.9  # read as 1 it would name another leaf
     data["entries"][2]["inclusion_proof"] = {"not": "a list"}
-    code, result = run_cli(capsys, "verify", "--bundle", write(tmp_path, json.dumps(data)),
+    code, result = cli_json(capsys, "verify", "--bundle", write(tmp_path, json.dumps(data)),
                            "--log-key", log.signer.verifier().encode(),
                            "--accept-self-anchored")
     assert code == 1 and result["verified"] == 1 and result["failed"] == 2, result
@@ -319,11 +309,11 @@ def test_missing_tree_node_fails_check_2_or_the_consistency_not_exit_4(
                 conn.execute(delete(tree_nodes).where(tree_nodes.c.level == level,
                                                       tree_nodes.c.idx == idx))
     key = signer.verifier().encode()
-    code, result = run_cli(capsys, "verify", ids[20], "--db", url, "--log-key", key,
+    code, result = cli_json(capsys, "verify", ids[20], "--db", url, "--log-key", key,
                            "--accept-self-anchored", "--no-state")
     assert code == 1 and result["failed_check"] == 2, result
     assert "lacks a node" in result["checks"][1]["reason"]
-    code, result = run_cli(capsys, "log", "--db", url, "--log-key", key,
+    code, result = cli_json(capsys, "log", "--db", url, "--log-key", key,
                            "consistency", "7", "40")
     assert code == 1 and "lacks a node" in result["error"]["message"], result
 
@@ -342,7 +332,7 @@ def test_signed_checkpoint_beyond_the_database_fails_check_4_not_check_2(
             conn.execute(insert(checkpoints).values(
                 size=42, root=fake.root, note=signer.sign_checkpoint(fake),
                 sealed_at=stored.sealed_at))
-    code, result = run_cli(capsys, "verify", ids[3], "--db", url, "--log-key",
+    code, result = cli_json(capsys, "verify", ids[3], "--db", url, "--log-key",
                            signer.verifier().encode(), "--accept-self-anchored", "--no-state")
     assert code == 1 and result["failed_check"] == 4, result
     assert "holds 40 entries but its signed checkpoint covers 42" in \
@@ -358,10 +348,10 @@ def test_malformed_cosignature_row_is_left_out_and_reported_by_fsck_not_check_3(
             checkpoint_size=40, witness="w1.example", line="\u2014 w1.example not!base64",
             timestamp=1))
     key = signer.verifier().encode()
-    code, result = run_cli(capsys, "verify", ids[3], "--db", url, "--log-key", key,
+    code, result = cli_json(capsys, "verify", ids[3], "--db", url, "--log-key", key,
                            "--accept-self-anchored", "--no-state")
     assert code == 0, result
-    code, result = run_cli(capsys, "log", "--db", url, "--log-key", key, "fsck")
+    code, result = cli_json(capsys, "log", "--db", url, "--log-key", key, "fsck")
     assert code == 1, result
     assert [f["kind"] for f in result["findings"]] == ["cosignature_malformed"]
 
@@ -371,7 +361,7 @@ def test_log_public_key_from_the_database_alone(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     url, signer, _ = small_log
     monkeypatch.setenv("AUDIT_LEDGER_LOG_KEY_PATH", str(tmp_path / "no-such.key"))
-    code, result = run_cli(capsys, "log", "--db", url, "public-key")
+    code, result = cli_json(capsys, "log", "--db", url, "public-key")
     assert code == 0, result
     assert result["verifier_key"] == signer.verifier().encode()
 
@@ -383,7 +373,7 @@ def test_corrupted_state_file_is_named_as_the_state_not_as_bad_evidence(
     bundle = _hostile_bundle(b"{}")
     state = tmp_path / "state.note"
     state.write_bytes(b"garbage\n")
-    code, result = run_cli(capsys, "verify", "--bundle", write(tmp_path, bundle),
+    code, result = cli_json(capsys, "verify", "--bundle", write(tmp_path, bundle),
                            "--log-key", bundle.log_key, "--state", str(state))
     assert code == 2 and result["error"]["field"] == "--state", result
     assert "state file" in result["error"]["message"]
@@ -396,7 +386,7 @@ def test_one_changed_byte_in_a_bundle_record_fails_check_2_as_the_readme_says(
     canonical = base64.b64decode(data["entries"][0]["canonical"])
     data["entries"][0]["canonical"] = base64.b64encode(
         canonical.replace(b'"tag":"honest"', b'"tag":"hones7"')).decode()
-    code, result = run_cli(capsys, "verify", "--bundle", write(tmp_path, json.dumps(data)),
+    code, result = cli_json(capsys, "verify", "--bundle", write(tmp_path, json.dumps(data)),
                            "--log-key", log.signer.verifier().encode(),
                            "--accept-self-anchored")
     assert code == 1 and result["failed_check"] == 2, result
@@ -406,7 +396,7 @@ def test_record_id_not_in_the_bundle_fails_check_1(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = SimLog().append(3)
     path = write(tmp_path, bundle_of(log, 3, log.note(3), [0], anchored=log.note(3)))
-    code, result = run_cli(capsys, "verify", "no-such-record", "--bundle", path,
+    code, result = cli_json(capsys, "verify", "no-such-record", "--bundle", path,
                            "--log-key", log.signer.verifier().encode(),
                            "--accept-self-anchored")
     assert code == 1 and result["failed_check"] == 1, result
@@ -448,7 +438,7 @@ def test_duplicate_json_keys_in_a_bundle_are_refused(
     log = SimLog().append(2)
     text = bundle_of(log, 2, log.note(2), [0]).dumps()
     text = text.replace('"origin":', '"origin": "evil", "origin":', 1)
-    code, result = run_cli(capsys, "verify", "--bundle", write(tmp_path, text),
+    code, result = cli_json(capsys, "verify", "--bundle", write(tmp_path, text),
                            "--log-key", log.signer.verifier().encode())
     assert code == 2 and "duplicate key" in result["error"]["message"], result
 

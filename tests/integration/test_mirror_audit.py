@@ -14,12 +14,12 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import create_engine, delete, update
 
-from audit_cli.main import main
 from ledger.anchor.local import LocalAnchor
 from ledger.checkpoint import Checkpoint, NoteSigner
 from ledger.store.fsck import fsck
 from ledger.store.schema import anchors, checkpoints, records
 from ledger.store.sql import SqlLedger
+from tests.cli_runs import cli_text
 from tests.integration.conftest import ORIGIN
 from tests.records import make_record
 
@@ -58,16 +58,9 @@ def _fsck(url: str, signer: NoteSigner) -> list[tuple[str, str]]:
     return [(f.kind, f.where) for f in report.findings]
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def _audit(capsys: pytest.CaptureFixture[str], url: str, signer: NoteSigner,
            *extra: str) -> tuple[int, str]:
-    code, out, _ = _cli(capsys, "audit", "--db", url, "--from", "2026-01-01",
+    code, out, _ = cli_text(capsys, "audit", "--db", url, "--from", "2026-01-01",
                         "--to", "2027-01-01", "--log-key", signer.verifier().encode(), *extra)
     return code, out
 
@@ -204,10 +197,10 @@ def test_latest_checkpoint_deleted_is_named(log: str, signer: NoteSigner) -> Non
 def test_log_fsck_cli_names_anchor_findings(log: str, signer: NoteSigner,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     key = signer.verifier().encode()
-    code, out, _ = _cli(capsys, "log", "--json", "--db", log, "--log-key", key, "fsck")
+    code, out, _ = cli_text(capsys, "log", "--json", "--db", log, "--log-key", key, "fsck")
     assert code == 0 and json.loads(out)["anchors_checked"] == 3
     _execute(log, delete(checkpoints).where(checkpoints.c.size == 10))
-    code, out, _ = _cli(capsys, "log", "--json", "--db", log, "--log-key", key, "fsck")
+    code, out, _ = cli_text(capsys, "log", "--json", "--db", log, "--log-key", key, "fsck")
     result = json.loads(out)
     assert code == 1 and not result["ok"]
     assert [(f["kind"], f["where"]) for f in result["findings"]] == [
@@ -219,7 +212,7 @@ def test_log_fsck_cli_names_anchor_findings(log: str, signer: NoteSigner,
 
 def _consistency(capsys: pytest.CaptureFixture[str], url: str, signer: NoteSigner,
                  first: int, second: int, *json: str) -> tuple[int, str, str]:
-    return _cli(capsys, "log", *json, "--db", url, "--log-key", signer.verifier().encode(),
+    return cli_text(capsys, "log", *json, "--db", url, "--log-key", signer.verifier().encode(),
                 "consistency", str(first), str(second))
 
 

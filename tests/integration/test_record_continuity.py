@@ -12,13 +12,11 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import text
 
-from audit_cli.main import main
 from ledger.anchor.local import LocalAnchor
 from ledger.checkpoint import NoteSigner
 from ledger.leaves.body_codec import pack_body
@@ -28,6 +26,7 @@ from ledger.leaves.environment import build_environment
 from ledger.leaves.record_v2 import EnvironmentRef, build_record_v2, row_data
 from ledger.store.migrate import upgrade
 from ledger.store.sql import SqlLedger
+from tests.cli_runs import cli_json
 
 VECTORS = Path(__file__).resolve().parents[1] / "vectors"
 META = json.loads((VECTORS / "v1_log.json").read_text())
@@ -36,27 +35,17 @@ SEED = bytes(range(32))  # the golden log's test-only key (make_vectors.SEED)
 TRUST = ("--log-key", KEY, "--accept-self-anchored")
 
 
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
-    capsys.readouterr()
-    code = main([*argv, "--json"])
-    out = capsys.readouterr().out
-    try:
-        return code, json.loads(out)
-    except ValueError:
-        return code, out
-
-
 @pytest.fixture(autouse=True)
 def verifier_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AUDIT_LEDGER_HOME", str(tmp_path / "home"))
 
 
 def test_the_golden_v1_bundle_verifies(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out = cli(capsys, "verify", "--bundle", str(VECTORS / "v1_bundle.json"), *TRUST)
+    code, out = cli_json(capsys, "verify", "--bundle", str(VECTORS / "v1_bundle.json"), *TRUST)
     assert code == 0, out
     assert (out["verified"], out["failed"]) == (5, 0)
     first = META["records"][0]
-    code, out = cli(capsys, "verify", first["record_id"], "--bundle",
+    code, out = cli_json(capsys, "verify", first["record_id"], "--bundle",
                     str(VECTORS / "v1_bundle.json"), *TRUST, "--prompt", first["prompt"],
                     "--input-salt", META["salt"], "--output", first["output"],
                     "--output-salt", META["salt"])
@@ -122,12 +111,12 @@ def test_the_golden_v1_database_verifies_audits_and_fscks_after_migration(
     url = f"sqlite:///{tmp_path / 'log.sqlite'}"
     upgrade(url)
     for record in META["records"]:
-        code, out = cli(capsys, "verify", record["record_id"], "--db", url, *TRUST)
+        code, out = cli_json(capsys, "verify", record["record_id"], "--db", url, *TRUST)
         assert code == 0, out
-    code, out = cli(capsys, "audit", "--db", url, "--from", "2000-01-01T00:00:00Z",
+    code, out = cli_json(capsys, "audit", "--db", url, "--from", "2000-01-01T00:00:00Z",
                     "--to", "2100-01-01T00:00:00Z", "--log-key", KEY)
     assert code == 0 and out["complete"] and out["rows_checked"] == 5, out
-    code, out = cli(capsys, "log", "fsck", "--db", url, "--log-key", KEY)
+    code, out = cli_json(capsys, "log", "fsck", "--db", url, "--log-key", KEY)
     assert code == 0 and out["ok"] and out["records_checked"] == 5, out
 
 
@@ -136,10 +125,10 @@ def test_a_mixed_v1_v2_log_verifies_audits_and_fscks(
         capsys: pytest.CaptureFixture[str]) -> None:
     url, records = mixed_log
     for record in META["records"]:  # the v1 history still verifies at the new size
-        code, out = cli(capsys, "verify", record["record_id"], "--db", url, *TRUST)
+        code, out = cli_json(capsys, "verify", record["record_id"], "--db", url, *TRUST)
         assert code == 0 and out["tree_size"] == 9, out
     for leaf, prompt in records:
-        code, out = cli(capsys, "verify", leaf.record_id, "--db", url, *TRUST,
+        code, out = cli_json(capsys, "verify", leaf.record_id, "--db", url, *TRUST,
                         "--prompt", prompt, "--input-salt", bytes(range(200, 232)).hex(),
                         "--output", "ok", "--output-salt", bytes(range(200, 232)).hex())
         assert code == 0, out
@@ -149,20 +138,20 @@ def test_a_mixed_v1_v2_log_verifies_audits_and_fscks(
         assert "environment leaf 5" in out["checks"][1]["reason"]
         assert out["environment"]["accelerator_model"] == "NVIDIA H200"
         assert out["environment"]["torch_version"] == "2.6.0"
-    code, out = cli(capsys, "audit", "--db", url, "--from", "2000-01-01T00:00:00Z",
+    code, out = cli_json(capsys, "audit", "--db", url, "--from", "2000-01-01T00:00:00Z",
                     "--to", "2100-01-01T00:00:00Z", "--log-key", KEY)
     assert code == 0 and out["complete"] and out["rows_checked"] == 9, out
-    code, out = cli(capsys, "log", "fsck", "--db", url, "--log-key", KEY)
+    code, out = cli_json(capsys, "log", "fsck", "--db", url, "--log-key", KEY)
     assert code == 0 and out["ok"] and out["records_checked"] == 9, out
 
     # A bundle of the mixed log carries the environment leaf once and verifies offline.
     bundle = tmp_path / "mixed.json"
-    code, out = cli(capsys, "export", "--db", url, "--bundle", str(bundle))
+    code, out = cli_json(capsys, "export", "--db", url, "--bundle", str(bundle))
     assert code == 0, out
     written = json.loads(bundle.read_text())
     assert list(written["environments"]) == ["5"]
     assert sum("body" in e for e in written["entries"]) == 4  # the environment and 3 records
-    code, out = cli(capsys, "verify", "--bundle", str(bundle), *TRUST, "--no-state")
+    code, out = cli_json(capsys, "verify", "--bundle", str(bundle), *TRUST, "--no-state")
     assert code == 0 and (out["verified"], out["failed"]) == (9, 0), out
 
     # The mirror answers filters through the environment: v1 rows by their own columns.
@@ -185,13 +174,13 @@ def test_a_changed_v2_body_fails_verify_audit_and_fsck(
     with SqlLedger(url) as ledger, ledger.engine.begin() as conn:
         conn.execute(text("UPDATE records SET body = :b WHERE record_id = :r"),
                      {"b": pack_body(forged), "r": leaf.record_id})
-    code, out = cli(capsys, "verify", leaf.record_id, "--db", url, *TRUST)
+    code, out = cli_json(capsys, "verify", leaf.record_id, "--db", url, *TRUST)
     assert code == 1 and out["failed_check"] == 1
     assert "LeafBindingError: the body hashes to" in out["checks"][0]["reason"]
-    code, out = cli(capsys, "audit", "--db", url, "--from", "2000-01-01T00:00:00Z",
+    code, out = cli_json(capsys, "audit", "--db", url, "--from", "2000-01-01T00:00:00Z",
                     "--to", "2100-01-01T00:00:00Z", "--log-key", KEY)
     assert code == 1 and [f["kind"] for f in out["findings"]] == ["record_unparseable"]
-    code, out = cli(capsys, "log", "fsck", "--db", url, "--log-key", KEY)
+    code, out = cli_json(capsys, "log", "fsck", "--db", url, "--log-key", KEY)
     assert code == 1 and [f["kind"] for f in out["findings"]] == ["record_unparseable"]
 
 
@@ -201,7 +190,7 @@ def test_a_changed_environment_row_fails_audit_and_a_swapped_environment_fails_v
     url, records = mixed_log
     with SqlLedger(url) as ledger, ledger.engine.begin() as conn:
         conn.execute(text("UPDATE environments SET accelerator_model = 'NVIDIA A100'"))
-    code, out = cli(capsys, "audit", "--db", url, "--from", "2000-01-01T00:00:00Z",
+    code, out = cli_json(capsys, "audit", "--db", url, "--from", "2000-01-01T00:00:00Z",
                     "--to", "2100-01-01T00:00:00Z", "--log-key", KEY)
     assert code == 1
     assert [(f["kind"], f["column"]) for f in out["findings"]] == [
@@ -214,7 +203,7 @@ def test_a_changed_environment_row_fails_audit_and_a_swapped_environment_fails_v
     with SqlLedger(url) as ledger, ledger.engine.begin() as conn:
         conn.execute(text("UPDATE records SET canonical = :c, body = :b WHERE leaf_index = 5"),
                      {"c": other.envelope, "b": pack_body(other.body)})
-    code, out = cli(capsys, "verify", records[0][0].record_id, "--db", url, *TRUST)
+    code, out = cli_json(capsys, "verify", records[0][0].record_id, "--db", url, *TRUST)
     assert code == 1 and out["failed_check"] == 1
     assert "the environment leaf hashes to" in out["checks"][0]["reason"]
 
@@ -241,7 +230,7 @@ def test_fsck_finds_a_record_naming_one_environment_index_and_another_hash(
         (forged, _), = _v2_leaves(index, other)[1:2]
         forged_index = ledger.append(forged).leaf_index
         ledger.seal_checkpoint(signer, ORIGIN)
-    code, out = cli(capsys, "log", "fsck", "--db", url, "--log-key", KEY, "--no-state")
+    code, out = cli_json(capsys, "log", "fsck", "--db", url, "--log-key", KEY, "--no-state")
     assert code == 1
     assert [(f["kind"], f["where"]) for f in out["findings"]] == [
         ("environment_mismatch", f"leaf {forged_index} (record {forged.record_id})")]

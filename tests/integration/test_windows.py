@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from audit_cli.main import main
 from audit_cli.windows import leaf_filter
 from ledger.checkpoint import Checkpoint, NoteSigner
 from ledger.client.tiles import HttpTiles, TiledLog
@@ -23,6 +22,7 @@ from ledger.publish.directory import DirectorySink
 from ledger.publish.publisher import publish
 from ledger.store.migrate import upgrade
 from ledger.store.sql import SqlLedger
+from tests.cli_runs import cli_text
 from tests.records import make_record
 from tests.tiles_service import tiles_service
 from tests.tiny_log import build_log
@@ -75,13 +75,6 @@ def published(tmp_path_factory: pytest.TempPathFactory, keys: Any) -> Path:
     return folder / "tlog"
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def _trust(keys: Any) -> list[str]:
     signer, witness = keys
     return ["--log-key", signer.verifier().encode(), "--witness", witness.witness_key.encode()]
@@ -89,7 +82,7 @@ def _trust(keys: Any) -> list[str]:
 
 def test_proved_query_reads_the_whole_range_and_says_complete(
         published: Path, keys: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _cli(capsys, "query", "--prove", "--tiles", str(published),
+    code, out, err = cli_text(capsys, "query", "--prove", "--tiles", str(published),
                           "--since", SINCE.isoformat(), "--until", UNTIL.isoformat(),
                           "--tenant", "bank-b", *_trust(keys))
     assert code == 0, err
@@ -98,7 +91,7 @@ def test_proved_query_reads_the_whole_range_and_says_complete(
     assert out.splitlines()[-1] == (
         "complete: every leaf in [89, 411) read and checked, 150 matched (signed checkpoint "
         "of size 600, witnessed by witness.test; 300 leaves in the window)")
-    code, out, _ = _cli(capsys, "query", "--prove", "--json", "--tiles", str(published),
+    code, out, _ = cli_text(capsys, "query", "--prove", "--json", "--tiles", str(published),
                         "--since", SINCE.isoformat(), "--until", UNTIL.isoformat(),
                         "--tenant", "bank-b", *_trust(keys))
     result = json.loads(out)
@@ -109,12 +102,12 @@ def test_a_window_needs_a_witness_quorum_and_a_closing_leaf(
         published: Path, keys: Any, capsys: pytest.CaptureFixture[str]) -> None:
     signer, _ = keys
     other = Cosigner("witness.test", Ed25519PrivateKey.generate())
-    code, _, err = _cli(capsys, "query", "--prove", "--tiles", str(published), "--since",
+    code, _, err = cli_text(capsys, "query", "--prove", "--tiles", str(published), "--since",
                         SINCE.isoformat(), "--until", UNTIL.isoformat(), "--log-key",
                         signer.verifier().encode(), "--witness", other.witness_key.encode())
     assert code == 1 and "0 valid cosignatures of the 1 needed" in err
     late = BASE + timedelta(seconds=30 * 595)  # less than 5 min before the last leaf
-    code, _, err = _cli(capsys, "query", "--prove", "--tiles", str(published), "--since",
+    code, _, err = cli_text(capsys, "query", "--prove", "--tiles", str(published), "--since",
                         SINCE.isoformat(), "--until", late.isoformat(), *_trust(keys))
     assert code == 1 and "the window is still open" in err
 
@@ -135,11 +128,11 @@ def test_window_bundle_verifies_offline_and_a_dropped_leaf_is_named(
         published: Path, keys: Any, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     bundle = tmp_path / "window.json"
-    code, out, err = _cli(capsys, "export", "--window", "--bundle", str(bundle), "--tiles",
+    code, out, err = cli_text(capsys, "export", "--window", "--bundle", str(bundle), "--tiles",
                           str(published), "--since", SINCE.isoformat(), "--until",
                           UNTIL.isoformat(), *_trust(keys))
     assert code == 0, err
-    code, out, err = _cli(capsys, "verify", "--bundle", str(bundle), "--tenant", "bank-a",
+    code, out, err = cli_text(capsys, "verify", "--bundle", str(bundle), "--tenant", "bank-a",
                           "--no-state", *_trust(keys))
     assert code == 0, err
     assert out.startswith("complete: every leaf in [89, 411) read and checked, 150 matched")
@@ -149,7 +142,7 @@ def test_window_bundle_verifies_offline_and_a_dropped_leaf_is_named(
                                    (250, True, "the bundle lacks tree node")):
         bundle.write_text(original)
         _drop(bundle, leaf, reindex)
-        code, out, err = _cli(capsys, "verify", "--bundle", str(bundle), "--no-state",
+        code, out, err = cli_text(capsys, "verify", "--bundle", str(bundle), "--no-state",
                               *_trust(keys))
         assert code == 1 and message in err, (leaf, reindex, err)
 
@@ -240,16 +233,16 @@ def test_a_proved_window_holds_the_tiles_against_the_checkpoint_seen_last(
              decode_bundle((published / "tile/entries" / n).read_bytes(), TILE_WIDTH)]
     root_300 = merkle.root_of(merkle.hash_leaf(e) for e in first[:300])
     state.write_bytes(signer.sign_checkpoint(Checkpoint(ORIGIN, 300, root_300)))
-    code, _, err = _cli(capsys, *query)
+    code, _, err = cli_text(capsys, *query)
     assert code == 0, err
     assert Checkpoint.peek(state.read_bytes()).size == 600  # advanced
     # A checkpoint seen earlier of another tree at 300: the published tiles fork from it.
     state.write_bytes(signer.sign_checkpoint(Checkpoint(ORIGIN, 300, b"\x07" * 32)))
-    code, _, err = _cli(capsys, *query)
+    code, _, err = cli_text(capsys, *query)
     assert code == 1 and "fork: the log's tree at size 300" in err
     # A larger one seen earlier: the published log was rolled back.
     state.write_bytes(signer.sign_checkpoint(Checkpoint(ORIGIN, 700, b"\x07" * 32)))
-    code, _, err = _cli(capsys, *query)
+    code, _, err = cli_text(capsys, *query)
     assert code == 1 and "rollback: this auditor saw the signed checkpoint of size 700" in err
 
 

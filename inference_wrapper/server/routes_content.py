@@ -10,8 +10,13 @@ from aiohttp import web
 
 from inference_wrapper.server.access import caller
 from inference_wrapper.server.appkeys import LEDGER, SETTINGS, VAULT
-from inference_wrapper.server.content import ERASE_FIELDS, POLICY_FIELDS, subject_from
-from inference_wrapper.server.problems import Problem, invalid, problem_for
+from inference_wrapper.server.content import (
+    ERASE_FIELDS,
+    POLICY_FIELDS,
+    subject_from,
+)
+from inference_wrapper.server.content import problem_for as vault_problem
+from inference_wrapper.server.problems import Problem, invalid
 from inference_wrapper.server.validation import read_json_body
 from ledger.content_records import check_purpose
 from ledger.errors import InvalidInputError, LedgerError
@@ -34,7 +39,7 @@ async def record_content(request: web.Request) -> web.Response:
         result = await asyncio.to_thread(request.app[VAULT].read_audited, request.app[LEDGER],
                                          record_id, accessor, purpose, "http")
     except LedgerError as exc:
-        raise problem_for(exc) from exc
+        raise vault_problem(exc) from exc  # the vault's extension members
     row, content = result.row, result.content
     return web.json_response({
         "record_id": row.record_id, "tenant": row.tenant, "leaf_hash": row.leaf_hash.hex(),
@@ -74,7 +79,7 @@ async def erase(request: web.Request) -> web.Response:
                                              requested_by=f"key:{key.key_id}",
                                              legal_basis=legal_basis))
     except LedgerError as exc:
-        raise problem_for(exc) from exc
+        raise vault_problem(exc) from exc  # the vault's extension members
     return web.json_response(erasure.to_dict())
 
 
@@ -92,5 +97,5 @@ async def put_policy(request: web.Request) -> web.Response:
         policy = await asyncio.to_thread(request.app[VAULT].set_policy, key.tenant,
                                          body["mode"], body.get("days"))
     except LedgerError as exc:
-        raise problem_for(exc) from exc
+        raise vault_problem(exc) from exc  # the vault's extension members
     return web.json_response(policy.to_dict())

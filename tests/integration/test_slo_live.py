@@ -134,8 +134,9 @@ async def test_readiness_history_survives_restarts_and_a_crash_gap_burns_budget(
 
 def test_readiness_spans_on_both_backends(ledger_url: str) -> None:
     """One row per state, its end pushed forward per sample; the clean stop is kept."""
-    from inference_wrapper.server.slo import ReadinessHistory, spans_between
+    from inference_wrapper.server.slo import ReadinessHistory
     from ledger import slo
+    from ledger.store.readiness import spans_between
     from ledger.store.sql import SqlLedger
 
     t0 = datetime(2026, 11, 30, 9, 0, 0)

@@ -71,8 +71,10 @@ from ledger.client.database import DatabaseSource
 from ledger.client.sources import RecordNotFoundError, gather
 from ledger.errors import BackendError, InvalidInputError
 from ledger.leaves.mirror import LOG_WIDE_TENANT
+from ledger.store.log_api import RecordRow
+from ledger.store.mirror import QUERY_FILTERS, decode_cursor
 from ledger.store.schema import anchors, api_keys, checkpoints
-from ledger.store.sql import QUERY_FILTERS, RecordRow, SqlLedger, decode_cursor
+from ledger.store.sql import SqlLedger
 
 SESSION_COOKIE = "alc_session"
 LOGIN_COOKIE = "alc_login_csrf"
@@ -311,8 +313,8 @@ def parse_search(query: Any, scope: str | None = None) -> Search:
 
 def _run_query(ledger: SqlLedger, search: Search, limit: int,
                cursor: str | None) -> tuple[list[RecordRow], str | None]:
-    return ledger.query(since=search.since, until=search.until, limit=limit, cursor=cursor,
-                        **search.filters)
+    return ledger.mirror.query(since=search.since, until=search.until, limit=limit, cursor=cursor,
+                               **search.filters)
 
 
 async def search_page(request: web.Request) -> web.Response:
@@ -520,8 +522,8 @@ def _plot_points(ledger: SqlLedger, since: datetime, until: datetime,
     points: list[Point] = []
     cursor: str | None = None
     while len(points) < PLOT_MAX_RECORDS:
-        rows, cursor = ledger.query(since=since, until=until, limit=5000, cursor=cursor,
-                                    tenant=tenant)
+        rows, cursor = ledger.mirror.query(since=since, until=until, limit=5000, cursor=cursor,
+                                           tenant=tenant)
         # An engine's environment leaf is no request: it has no point on the plots.
         points.extend(Point.from_record(r.created_at, r.columns, json.loads(r.leaf_body))
                       for r in rows if r.tenant != LOG_WIDE_TENANT)

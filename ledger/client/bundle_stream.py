@@ -46,7 +46,7 @@ def bundle_chunks(ledger: SqlLedger, since: datetime | None, until: datetime | N
     latest = ledger.latest_checkpoint()
     if latest is None:
         raise BackendError("the log has no checkpoint yet")
-    anchored = SqlAnchorStore(ledger).latest()
+    anchored = SqlAnchorStore(ledger.engine).latest()
     anchor = None
     if anchored is not None:
         low, high = sorted((anchored.size, latest.size))
@@ -64,8 +64,8 @@ def bundle_chunks(ledger: SqlLedger, since: datetime | None, until: datetime | N
     yield json.dumps(header)[:-1] + ', "entries": [\n'
     first, cursor = True, None
     while True:
-        rows, cursor = ledger.query(since=since, until=until, limit=PAGE, cursor=cursor,
-                                    **filters)
+        rows, cursor = ledger.mirror.query(since=since, until=until, limit=PAGE, cursor=cursor,
+                                           **filters)
         entries = [json.dumps({"record_id": r.record_id, "leaf_index": r.leaf_index,
                                "canonical": base64.b64encode(r.canonical).decode(),
                                "inclusion_proof": [h.hex() for h in ledger.inclusion_proof(

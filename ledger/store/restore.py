@@ -27,8 +27,9 @@ from ledger.checkpoint import Checkpoint, NoteVerifier, SignedNote
 from ledger.cosignature import WitnessKey, valid_cosigners
 from ledger.errors import InvalidInputError, LedgerError, RootMismatchError, VerificationError
 from ledger.record import mirror_columns
+from ledger.store.log_api import parse_timestamp
+from ledger.store.rows import RECORD_INSERT_COLUMNS
 from ledger.store.schema import checkpoints, cosignatures, log_meta, records
-from ledger.store.sql import RECORD_INSERT_COLUMNS, parse_timestamp
 
 BUNDLES_AHEAD = 16  # bundles fetched ahead of the one being written
 CHUNK_LEAVES = 8192  # leaves per mirror-row job and per insert statement

@@ -35,8 +35,9 @@ from ledger.anchor.worker import AnchorWorker
 from ledger.errors import BackendError
 from ledger.store.integrator import Integrator
 from ledger.store.keys import load_or_create_signer
+from ledger.store.log_api import StoredCheckpoint
 from ledger.store.migrate import upgrade
-from ledger.store.sql import SqlLedger, StoredCheckpoint
+from ledger.store.sql import SqlLedger
 from tests.fabric.conftest import CHAINCODE, CHANNEL, MSPID, free_port, gateway_for, make_identity
 from tests.fabric.peer_double import GatewayDouble, PeerDouble
 from tests.records import make_record
@@ -78,7 +79,7 @@ def service(peer: PeerDouble, client_identity: Identity, tmp_path: Path) -> Iter
     signer = load_or_create_signer(tmp_path / "log.key", ORIGIN)
     with SqlLedger(url) as ledger:
         gateway = gateway_for(peer, client_identity, timeout_s=5, commit_timeout_s=5)
-        store = SqlAnchorStore(ledger)
+        store = SqlAnchorStore(ledger.engine)
         anchor = FabricAnchor(ledger, gateway, signer.verifier(), ORIGIN, store)
         anchor.register()
         assert peer.gateway is not None
@@ -354,7 +355,7 @@ async def test_an_anchor_on_another_history_is_named_on_readyz_and_metrics(
     token = app[KEYS].create("bank-a", "client")[0]
     signer, origin = app[SIGNER], app[SIGNER].name
     foreign = signer.sign_checkpoint(Checkpoint(origin, 1, merkle.hash_leaf(b"elsewhere")))
-    SqlAnchorStore(app[LEDGER]).record(1, foreign, "local", "local:1")  # a restored copy
+    SqlAnchorStore(app[LEDGER].engine).record(1, foreign, "local", "local:1")  # a restored copy
     for _ in range(2):
         answer = await client.post("/v1/generate", json={"prompt": "hi", "max_new_tokens": 2},
                                    headers={"Authorization": f"Bearer {token}"})

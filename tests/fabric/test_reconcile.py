@@ -28,8 +28,9 @@ from ledger.checkpoint import NoteSigner
 from ledger.errors import BackendUnavailableError
 from ledger.store.integrator import Integrator
 from ledger.store.keys import load_or_create_signer
+from ledger.store.log_api import StoredCheckpoint
 from ledger.store.migrate import upgrade
-from ledger.store.sql import SqlLedger, StoredCheckpoint
+from ledger.store.sql import SqlLedger
 from tests.fabric.conftest import CHANNEL, gateway_for
 from tests.fabric.peer_double import GatewayDouble, PeerDouble
 from tests.records import make_record
@@ -69,7 +70,7 @@ def setup(peer: PeerDouble, client_identity: Any, tmp_path: Path) -> Iterator[Se
     signer: NoteSigner = load_or_create_signer(tmp_path / "log.key", ORIGIN)
     with SqlLedger(url) as ledger:
         gateway = gateway_for(peer, client_identity, timeout_s=5, commit_timeout_s=5)
-        store = SqlAnchorStore(ledger)
+        store = SqlAnchorStore(ledger.engine)
         anchor = FabricAnchor(ledger, gateway, signer.verifier(), ORIGIN, store)
         anchor.register()
         assert peer.gateway is not None

@@ -12,13 +12,10 @@ import json
 from collections.abc import Iterator
 from datetime import datetime
 
-from sqlalchemy import func, select
-
 from ledger.anchor.store import SqlAnchorStore
 from ledger.bundle import BUNDLE_FORMAT
 from ledger.client.exporter import DEFAULT_EARLIER_SIZES
 from ledger.errors import BackendError
-from ledger.store.schema import records
 from ledger.store.sql import SqlLedger
 from ledger.witness.cosignatures import cosigned_note
 
@@ -27,16 +24,9 @@ PAGE = 500
 
 def count_matching(ledger: SqlLedger, since: datetime | None, until: datetime | None,
                    filters: dict[str, str]) -> int:
-    """How many mirror rows a bundle of this search would hold (before it is written)."""
-    statement = select(func.count()).select_from(records)
-    if since is not None:
-        statement = statement.where(records.c.created_at >= since)
-    if until is not None:
-        statement = statement.where(records.c.created_at < until)
-    for name, value in filters.items():
-        statement = statement.where(records.c[name] == value)
-    with ledger.engine.connect() as conn:
-        return int(conn.execute(statement).scalar() or 0)
+    """How many mirror rows a bundle of this search would hold (before it is written); a
+    v2 record's filter columns are its environment's, as ``query`` reads them."""
+    return ledger.count(since=since, until=until, filters=filters)
 
 
 def bundle_chunks(ledger: SqlLedger, since: datetime | None, until: datetime | None,

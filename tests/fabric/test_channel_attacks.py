@@ -12,7 +12,6 @@ import datetime
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,65 +25,23 @@ from cryptography.x509.oid import NameOID
 from ledger.anchor.fabric import (
     AnchorConflictError,
     ChaincodeRefusedError,
-    FabricAnchor,
     FabricGateway,
     Identity,
 )
 from ledger.anchor.store import SqlAnchorStore
-from ledger.anchor.worker import AnchorWorker
 from ledger.errors import BackendError
-from ledger.store.integrator import Integrator
 from ledger.store.keys import load_or_create_signer
-from ledger.store.migrate import upgrade
-from ledger.store.sql import SqlLedger, StoredCheckpoint
+from tests.fabric.anchored_log import AnchoredLog, anchored_log
 from tests.fabric.conftest import CHAINCODE, CHANNEL, MSPID, free_port, gateway_for, make_identity
 from tests.fabric.peer_double import GatewayDouble, PeerDouble
-from tests.records import make_record
 
 ORIGIN = "channel-attacks.audit-ledger/log"
 
 
-@dataclass
-class Service:
-    ledger: SqlLedger
-    anchor: FabricAnchor
-    gateway: FabricGateway
-    integrator: Integrator
-    store: SqlAnchorStore
-    double: GatewayDouble
-    next_record: int = 0
-
-    def grow(self, count: int) -> StoredCheckpoint:
-        for _ in range(count):
-            self.ledger.append(make_record(self.next_record))
-            self.next_record += 1
-        sealed = self.integrator.seal_now()
-        assert sealed is not None
-        return sealed
-
-    def proof(self, first: int, second: int) -> str:
-        return json.dumps([h.hex() for h in self.ledger.consistency_proof(first, second)])
-
-    def worker(self, **options: Any) -> AnchorWorker:
-        worker = AnchorWorker(self.ledger, self.anchor, store=self.store, **options)
-        worker.prepared = True  # registered by the fixture
-        return worker
-
-
 @pytest.fixture()
-def service(peer: PeerDouble, client_identity: Identity, tmp_path: Path) -> Iterator[Service]:
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    upgrade(url)
-    signer = load_or_create_signer(tmp_path / "log.key", ORIGIN)
-    with SqlLedger(url) as ledger:
-        gateway = gateway_for(peer, client_identity, timeout_s=5, commit_timeout_s=5)
-        store = SqlAnchorStore(ledger)
-        anchor = FabricAnchor(ledger, gateway, signer.verifier(), ORIGIN, store)
-        anchor.register()
-        assert peer.gateway is not None
-        yield Service(ledger, anchor, gateway, Integrator(ledger, signer, ORIGIN), store,
-                      peer.gateway)
-        gateway.close()
+def service(peer: PeerDouble, client_identity: Identity, tmp_path: Path) -> Iterator[AnchoredLog]:
+    with anchored_log(peer, client_identity, tmp_path, ORIGIN) as log:
+        yield log
 
 
 def respell(note: bytes, how: str) -> str:
@@ -109,7 +66,7 @@ JAMS = ["junk character", "stripped padding", "extra field", "101 signature line
 
 @pytest.mark.parametrize("how", JAMS)
 def test_front_running_jam_is_refused_and_the_service_anchors_on(
-        service: Service, peer: PeerDouble, tmp_path: Path, how: str) -> None:
+        service: AnchoredLog, peer: PeerDouble, tmp_path: Path, how: str) -> None:
     service.grow(3)
     assert service.worker().run_once()  # size 3 anchored by the service
     sealed = service.grow(5)  # size 8, its note public through the API
@@ -143,7 +100,7 @@ def _stored_by_old_chaincode(double: GatewayDouble, size: int, note: str) -> Non
 
 
 def test_a_channel_jammed_by_the_old_chaincode_does_not_stop_anchoring(
-        service: Service, peer: PeerDouble, tmp_path: Path) -> None:
+        service: AnchoredLog, peer: PeerDouble, tmp_path: Path) -> None:
     service.grow(3)
     service.worker().run_once()
     sealed = service.grow(2)
@@ -170,7 +127,7 @@ def test_a_channel_jammed_by_the_old_chaincode_does_not_stop_anchoring(
     assert service.store.unreferenced_below(8) == 0
 
 
-def test_a_replayed_anchored_checkpoint_orders_no_transaction(service: Service) -> None:
+def test_a_replayed_anchored_checkpoint_orders_no_transaction(service: AnchoredLog) -> None:
     first = service.grow(3)
     service.anchor.anchor(first.note)
     blocks = len(service.double.ledger.blocks)
@@ -193,7 +150,7 @@ def _poll(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> 
 
 
 def test_anchor_metrics_refresh_on_a_timer_while_the_worker_backs_off(
-        service: Service) -> None:
+        service: AnchoredLog) -> None:
     service.anchor.anchor(service.grow(2).note)
     service.double.down = True  # an outage: every attempt fails, the backoff is long
     worker = service.worker(interval_s=0.05, max_backoff_s=3600.0, refresh_s=0.05).start()
@@ -212,7 +169,7 @@ def test_anchor_metrics_refresh_on_a_timer_while_the_worker_backs_off(
 
 
 def test_an_anchor_on_another_history_is_named_and_not_retried_soon(
-        service: Service, tmp_path: Path) -> None:
+        service: AnchoredLog, tmp_path: Path) -> None:
     from ledger import merkle
     from ledger.checkpoint import Checkpoint
 
@@ -275,7 +232,7 @@ def test_an_envelope_signed_by_another_member_is_the_orderers_forbidden_without_
 
 
 def test_a_note_over_the_chaincodes_cap_is_refused_not_resource_exhausted(
-        service: Service) -> None:
+        service: AnchoredLog) -> None:
     sealed = service.grow(3)
     # 5 MiB: past grpc's default 4 MiB, within a real peer's 100 MiB.
     big = sealed.note.decode() + "\u2014 other AAAAAAAA\n" * (5 * 1024 * 1024 // 16)

@@ -20,13 +20,17 @@ from ledger.body_bundles import envelope_tag
 from ledger.checkpoint import Checkpoint
 from ledger.errors import InvalidInputError, LeafBindingError
 from ledger.leaves.envelope import is_envelope, tenant_tag
-from ledger.leaves.environment import ENVIRONMENT_KIND, environment_columns
+from ledger.leaves.environment import (
+    ENVIRONMENT_COLUMNS,
+    ENVIRONMENT_KIND,
+    environment_columns,
+)
 from ledger.leaves.kinds import open_leaf
 from ledger.window import MAX_LAG, WindowAnswer, check_window
 
-# The filters a window answers, as the mirror names them (the CLI's --tenant etc.).
-FILTERS = ("tenant", "model_digest", "accelerator_model", "driver_version",
-           "service_revision")
+# The filters a window answers, as the mirror names them (the CLI's --tenant etc.): the
+# tenant and every column an environment defines (v1 records carry the same columns).
+FILTERS = ("tenant", *ENVIRONMENT_COLUMNS)
 
 
 class BodyReader(Protocol):

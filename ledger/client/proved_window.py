@@ -11,6 +11,7 @@ to the tag first, so a tenant's auditor never asks for another tenant's body.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -56,6 +57,9 @@ class LeafFilter:
         self.tag = tenant_tag(origin, filters["tenant"]) if "tenant" in filters else None
         self.others = {k: v for k, v in filters.items() if k != "tenant"}
         self._wanted = [value.encode() for value in filters.values()]
+        # A v1 record's tenant as canonical JSON spells it, for the tenant-only fast path.
+        self._tenant_member = (b'"tenant":' + json.dumps(filters["tenant"]).encode()
+                               if set(filters) == {"tenant"} else None)
         self._environments: dict[int, tuple[str, dict[str, str | None]]] = {}
 
     def body_tags(self) -> set[str | None] | None:
@@ -70,6 +74,18 @@ class LeafFilter:
             return True
         if is_envelope(entry):
             return self._keep_v2(index, entry)
+        if self._tenant_member is not None and entry.count(b'"tenant":') == 1:
+            # One tenant member in the whole leaf, so no duplicate can give it another
+            # tenant: a leaf not spelling the wanted one there is not the tenant's; one
+            # that does is parsed (in C) to see the member is the record's own.
+            at = entry.find(self._tenant_member)
+            end = at + len(self._tenant_member)
+            if at >= 0 and entry[end:end + 1] in (b",", b"}"):
+                value = json.loads(entry)
+                if isinstance(value, dict) and value.get("tenant") == self.filters["tenant"]:
+                    return True
+            elif b"\\" not in entry:  # spelled without escapes: another tenant's
+                return False
         from ledger.audit import open_record
         from ledger.record import mirror_columns
 

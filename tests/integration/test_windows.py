@@ -385,3 +385,16 @@ def test_window_filter_without_bodies_names_the_filter() -> None:
     with pytest.raises(InvalidInputError, match="model-digest: v2 leaves are filtered by it "
                                                 "through their bodies"):
         keep(1, leaves[1].canonical)
+
+
+def test_the_tenant_fast_path_still_refuses_a_second_tenant_member() -> None:
+    from ledger.errors import CanonicalFormError
+
+    keep = leaf_filter({"tenant": "bank-1"}, ORIGIN)
+    plain = make_record(1, tenant="bank-1").canonical
+    # Two tenant members: the fast path does not decide; the strict parser refuses it.
+    doubled = plain.replace(b'"tenant":"bank-1"', b'"tenant":"bank-2","tenant":"bank-1"')
+    with pytest.raises(CanonicalFormError, match="duplicate key 'tenant'"):
+        keep(0, doubled)
+    # A prefix of the tenant's name is not the tenant.
+    assert not keep(0, plain.replace(b'"tenant":"bank-1"', b'"tenant":"bank-1x"'))

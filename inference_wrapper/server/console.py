@@ -53,7 +53,7 @@ from inference_wrapper.server.console_plots import (
     line_chart_svg,
     mean_batch_size,
     per_minute,
-    phase_percentiles,
+    phase_charts_svg,
     timeline_svg,
 )
 from inference_wrapper.server.console_sessions import (
@@ -611,8 +611,8 @@ async def plots_page(request: web.Request) -> web.Response:
     labels = dict(TIMELINE_FIELDS)
     change_rows = "".join(
         f'<tr class="change-row"><td>{c.at:%Y-%m-%d %H:%M:%S} UTC</td>'
-        f"<td>{escape(labels[c.field])}</td><td><code>{escape(c.before)}</code></td>"
-        f"<td>{c.records_before}</td><td><code>{escape(c.after)}</code></td>"
+        f"<td>{escape(labels[c.field])}</td><td><code>{shown(c.before)}</code></td>"
+        f"<td>{c.records_before}</td><td><code>{shown(c.after)}</code></td>"
         f"<td>{c.records_after}</td></tr>" for c in changes)
     capped = (f"<p>Only the first {PLOT_MAX_RECORDS} records of the range are plotted.</p>"
               if len(points) >= PLOT_MAX_RECORDS else "")
@@ -621,8 +621,8 @@ async def plots_page(request: web.Request) -> web.Response:
         until=escape(until.isoformat(timespec="minutes")), count=len(points), capped=capped,
         rpm=bar_chart_svg(per_minute(points), title="records (requests) per minute"),
         timeline=timeline_svg(points, changes), change_rows=change_rows,
-        latency=line_chart_svg(phase_percentiles(points), title="latency per phase, p50 and "
-                               "p99 per minute (from the records' timings)", unit="ms"),
+        latency=phase_charts_svg(points, title="p50 and p99 per minute (from the records' "
+                                 "timings)"),
         batch=line_chart_svg({"mean batch size": mean_batch_size(points)},
                              title="mean batch size per minute", unit=""),
         anchor_lag=line_chart_svg({"seal to anchor": lag},

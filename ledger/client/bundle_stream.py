@@ -22,21 +22,15 @@ from ledger.witness.cosignatures import cosigned_note
 PAGE = 500
 
 
-def count_matching(ledger: SqlLedger, since: datetime | None, until: datetime | None,
-                   filters: dict[str, str]) -> int:
-    """How many mirror rows a bundle of this search would hold (before it is written); a
-    v2 record's filter columns are its environment's, as ``query`` reads them."""
-    return ledger.count(since=since, until=until, filters=filters)
-
-
 def bundle_chunks(ledger: SqlLedger, since: datetime | None, until: datetime | None,
-                  filters: dict[str, str]) -> Iterator[str]:
+                  filters: dict[str, str], contains: dict[str, str] | None = None
+                  ) -> Iterator[str]:
     """The bundle of the matching records at the latest checkpoint, as text chunks. The
     header (checkpoint, anchor, proofs from the latest earlier sizes) comes first."""
     latest = ledger.latest_checkpoint()
     if latest is None:
         raise BackendError("the log has no checkpoint yet")
-    anchored = SqlAnchorStore(ledger).latest()
+    anchored = SqlAnchorStore(ledger.engine).latest()
     anchor = None
     if anchored is not None:
         low, high = sorted((anchored.size, latest.size))
@@ -54,8 +48,9 @@ def bundle_chunks(ledger: SqlLedger, since: datetime | None, until: datetime | N
     yield json.dumps(header)[:-1] + ', "entries": [\n'
     first, cursor = True, None
     while True:
-        rows, cursor = ledger.query(since=since, until=until, limit=PAGE, cursor=cursor,
-                                    **filters)
+        found = ledger.mirror.page(since=since, until=until, limit=PAGE, cursor=cursor,
+                                   filters=filters, contains=contains)
+        rows, cursor = found.rows, found.next_cursor
         entries = [json.dumps({"record_id": r.record_id, "leaf_index": r.leaf_index,
                                "canonical": base64.b64encode(r.canonical).decode(),
                                "inclusion_proof": [h.hex() for h in ledger.inclusion_proof(

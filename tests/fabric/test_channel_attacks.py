@@ -31,6 +31,7 @@ from ledger.anchor.fabric import (
 from ledger.anchor.store import SqlAnchorStore
 from ledger.errors import BackendError
 from ledger.store.keys import load_or_create_signer
+from tests.cli_runs import cli_json
 from tests.fabric.anchored_log import AnchoredLog, anchored_log
 from tests.fabric.conftest import CHAINCODE, CHANNEL, MSPID, free_port, gateway_for, make_identity
 from tests.fabric.peer_double import GatewayDouble, PeerDouble
@@ -311,7 +312,7 @@ async def test_an_anchor_on_another_history_is_named_on_readyz_and_metrics(
     token = app[KEYS].create("bank-a", "client")[0]
     signer, origin = app[SIGNER], app[SIGNER].name
     foreign = signer.sign_checkpoint(Checkpoint(origin, 1, merkle.hash_leaf(b"elsewhere")))
-    SqlAnchorStore(app[LEDGER]).record(1, foreign, "local", "local:1")  # a restored copy
+    SqlAnchorStore(app[LEDGER].engine).record(1, foreign, "local", "local:1")  # a restored copy
     for _ in range(2):
         answer = await client.post("/v1/generate", json={"prompt": "hi", "max_new_tokens": 2},
                                    headers={"Authorization": f"Bearer {token}"})
@@ -328,3 +329,36 @@ async def test_an_anchor_on_another_history_is_named_on_readyz_and_metrics(
         await (await client.get("/metrics")).text()) for s in f.samples}
     assert samples["audit_anchor_conflict"] == 1.0
     assert samples["audit_anchor_consecutive_failures"] >= 1.0
+
+
+@pytest.mark.parametrize("how", JAMS)
+def test_verify_reads_the_anchor_of_a_channel_jammed_by_the_old_chaincode(
+        service: AnchoredLog, peer: PeerDouble, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], how: str) -> None:
+    """The old chaincode kept a member's re-spelling of the service's note as the latest
+    anchor. A verifier reading the channel takes the signature lines the old decoder
+    accepted, spelled canonically, and checks them with the pinned key as always."""
+    service.grow(3)
+    service.worker().run_once()
+    sealed = service.grow(2)
+    assert service.worker().run_once()  # size 5 anchored, then the old chaincode's copy
+    _stored_by_old_chaincode(service.double, 5, respell(sealed.note, how))
+    latest = service.anchor.latest_on_chain()
+    assert latest is not None and latest["size"] == 5
+    assert latest["note"] != sealed.note.decode()
+    identity = tmp_path / "client-cert.pem", tmp_path / "client-key.pem"
+    code, result = cli_json(
+        capsys, "verify", _record_id(service, 1), "--db", service.ledger.url,
+        "--log-key", load_or_create_signer(tmp_path / "log.key", ORIGIN).verifier().encode(),
+        "--fabric-endpoint", peer.endpoint, "--fabric-mspid", MSPID,
+        "--fabric-cert", str(identity[0]), "--fabric-key", str(identity[1]),
+        "--fabric-channel", CHANNEL)
+    assert code == 0, result["checks"][3]
+    assert result["checks"][3]["status"] == "pass"
+    assert "fabric:" in result["checks"][3]["reason"], result["checks"][3]
+
+
+def _record_id(service: AnchoredLog, leaf_index: int) -> str:
+    row = service.ledger.record_at(leaf_index)
+    assert row is not None
+    return row.record_id

@@ -198,7 +198,10 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, help="work here instead of a temporary folder")
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it: a log "
                         "and tiles built there by an earlier run are reused (same --records)")
+    parser.add_argument("--steps", default="tiles,query,restore",
+                        help="which measurements to run (comma-separated)")
     args = parser.parse_args()
+    steps = set(args.steps.split(","))
     count = args.records
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     with contextlib.ExitStack() as stack:
@@ -265,16 +268,18 @@ def main() -> None:
                         break
                     except OSError:
                         time.sleep(0.05)
-                entries, seconds = read_all_bundles(prefix, count)
-                print(f"1. tiles served from the directory publisher (aiohttp static files):"
-                      f" {entries:,} entries in {seconds:.1f} s = {entries / seconds:,.0f} "
-                      "entries/s (target >= 100,000/s)")
+                if "tiles" in steps:
+                    entries, seconds = read_all_bundles(prefix, count)
+                    print(f"1. tiles served from the directory publisher (aiohttp static "
+                          f"files): {entries:,} entries in {seconds:.1f} s = "
+                          f"{entries / seconds:,.0f} entries/s (target >= 100,000/s)")
 
                 last = BASE + STEP * (count - 1)
                 since = BASE.isoformat()
                 until = (last - timedelta(minutes=5, seconds=1)).isoformat()
                 for extra, what in (([], "time only"), (["--tenant", "bank-1"],
-                                                        "tenant filter")):
+                                                        "tenant filter")
+                                    ) if "query" in steps else ():
                     seconds, out = run_cli(["query", "--prove", "--limit", "10", "--tiles",
                                             prefix, "--since", since, "--until", until,
                                             *extra, *trust], env, tmp / "query.log")
@@ -284,6 +289,8 @@ def main() -> None:
                 server.terminate()
                 server.wait(30)
 
+        if "restore" not in steps:
+            return
         (tmp / "restored.db").unlink(missing_ok=True)
         restored = f"sqlite:///{tmp / 'restored.db'}"
         restore_s, out = run_cli(["restore", "--from", str(tmp / "tlog"), "--db", restored,

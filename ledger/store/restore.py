@@ -29,11 +29,12 @@ from ledger.checkpoint import Checkpoint, NoteVerifier, SignedNote
 from ledger.cosignature import WitnessKey, valid_cosigners
 from ledger.errors import InvalidInputError, LedgerError, RootMismatchError, VerificationError
 from ledger.leaves.body_codec import pack_body
-from ledger.leaves.envelope import Leaf
+from ledger.leaves.envelope import TIMESTAMP, Leaf
 from ledger.leaves.mirror import environment_row, leaf_columns
 from ledger.record import mirror_columns
+from ledger.store.log_api import parse_timestamp
+from ledger.store.rows import RECORD_INSERT_COLUMNS
 from ledger.store.schema import checkpoints, cosignatures, environments, log_meta, records
-from ledger.store.sql import RECORD_INSERT_COLUMNS, parse_timestamp
 
 BUNDLES_AHEAD = 16  # bundles fetched ahead of the one being written
 CHUNK_LEAVES = 8192  # leaves per mirror-row job and per insert statement
@@ -235,12 +236,19 @@ def _mirror_rows(start: int, entries: list[bytes], bodies: list[bytes | None], s
         else:  # v1: the leaf is its record, no body, no environment leaf
             columns = {**mirror_columns(opened), "canonical": entry, "body": None,
                        "environment_index": None}
-        created = parse_timestamp(columns["created_at"])
-        columns["created_at"] = created.strftime("%Y-%m-%d %H:%M:%S.%f") if sqlite \
-            else created
+        columns["created_at"] = _stored_time(columns["created_at"], sqlite)
         columns["leaf_index"] = index
         records_out.append(tuple(columns[c] for c in RECORD_INSERT_COLUMNS))
     return records_out, environment_rows
+
+
+def _stored_time(stamp: str, sqlite: bool) -> object:
+    """The mirror's ``created_at`` as the writer stores it (SQLite: SQLAlchemy's text)."""
+    if not sqlite:
+        return parse_timestamp(stamp)
+    if TIMESTAMP.match(stamp):  # the log's own form: rewritten, not parsed (1M times)
+        return f"{stamp[:10]} {stamp[11:23]}000"
+    return parse_timestamp(stamp).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
 def _write_head(conn: Connection, checkpoint: Checkpoint, note: bytes,

@@ -38,7 +38,7 @@ def _b64(data: bytes) -> str:
 
 def run(args: argparse.Namespace) -> int:
     require_extra("serve", "torch", "transformers")  # before anything imports them
-    from inference_wrapper.audit.generator import AuditedGenerator, LogBinding
+    from inference_wrapper.audit.generator import AuditedGenerator, LogBinding, recorded
     from inference_wrapper.engine.params import GenerationParams
     from ledger.leaves.envelope import Leaf
     from ledger.leaves.record_v2 import EnvironmentRef
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     log = LogBinding(args.origin)
     log.bind(generator.environment(), EnvironmentRef(0, environment.leaf_hash))
     prepared = generator.prepare(prompt, params, args.tenant)
-    (result,) = generator.seal(generator.run_batch([prepared]), log)
+    (result,) = recorded(generator.seal(generator.run_batch([prepared]), log))
     record = result.record
     assert isinstance(record, Leaf)  # sealed for a log: a v2 leaf
     report = {

@@ -21,7 +21,7 @@ import bisect
 import logging
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -29,6 +29,7 @@ from typing import Any
 
 from sqlalchemy import (
     Engine,
+    and_,
     create_engine,
     event,
     func,
@@ -54,7 +55,7 @@ from ledger.errors import (
 )
 from ledger.leaves.body_codec import pack_body, unpack_body
 from ledger.leaves.envelope import Leaf
-from ledger.leaves.mirror import environment_row, leaf_columns
+from ledger.leaves.mirror import LOG_WIDE_TENANT, environment_row, leaf_columns
 from ledger.record import AuditRecord, mirror_columns
 from ledger.store import fencing
 from ledger.store.fencing import PROCESS_TAG
@@ -78,7 +79,15 @@ PG_RECORD_ROWS_PER_STATEMENT = 2048
 QUERY_FILTERS = ("tenant", "model_digest", "accelerator_model", "driver_version",
                  "service_revision")
 # Filters a v2 record answers through its environment (``environments``).
-ENVIRONMENT_FILTERS = frozenset(QUERY_FILTERS) - {"tenant"}
+ENVIRONMENT_FILTERS = frozenset(QUERY_FILTERS) - {"tenant"} | {"model_name"}
+# Exact filters the mirror answers: the API's, and the model's name (the console's).
+EXACT_FILTERS = (*QUERY_FILTERS, "model_name")
+# Names searched by a part of them (``contains``): case-insensitive, and a value's own
+# ``%`` and ``_`` match only themselves.
+PARTIAL_FILTERS = ("model_name", "accelerator_model", "driver_version", "service_revision")
+# Orders of a page of the mirror: log order, or by time (oldest or newest first), the
+# leaf index breaking ties so that every cursor names one place in the order.
+PAGE_ORDERS = ("leaf", "time", "-time")
 # What the log appends: a v1 record (its bytes are the leaf) or a v2 leaf (decision 0026).
 LogLeaf = AuditRecord | Leaf
 
@@ -859,36 +868,83 @@ class SqlLedger:
     ) -> tuple[list[RecordRow], str | None]:
         """Rows matching every given filter, by leaf index; returns (rows, next cursor).
 
-        ``since`` is inclusive and ``until`` exclusive (UTC). Filters: tenant,
+        ``since`` is inclusive and ``until`` exclusive (UTC). Filters: tenant, model_name,
         model_digest, accelerator_model, driver_version, service_revision.
         """
-        unknown = set(filters) - set(QUERY_FILTERS)
-        if unknown:
-            raise InvalidInputError(sorted(unknown)[0], "is not a known filter")
+        found = self.page(since=since, until=until, limit=limit, cursor=cursor,
+                          filters=filters)
+        return found.rows, found.next_cursor
+
+    def page(
+        self,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+        order: str = "leaf",
+        filters: Mapping[str, str | None] | None = None,
+        contains: Mapping[str, str] | None = None,
+    ) -> MirrorPage:
+        """One page of the rows matching the exact ``filters`` and the parts of names in
+        ``contains``, in ``order`` (``PAGE_ORDERS``), after or before the cursor's place,
+        with the cursors of the next and the previous page. A cursor of another order is
+        refused (field cursor)."""
+        if order not in PAGE_ORDERS:
+            raise InvalidInputError("order", f"must be one of {', '.join(PAGE_ORDERS)}")
         if not 1 <= limit <= 10_000:
             raise InvalidInputError("limit", "must be between 1 and 10000")
-        statement = _with_coverage(_mirror_select()).order_by(records.c.leaf_index).limit(limit + 1)
-        if cursor is not None:
-            statement = statement.where(records.c.leaf_index > decode_cursor(cursor))
-        if since is not None:
-            statement = statement.where(records.c.created_at >= _naive_utc(since))
-        if until is not None:
-            statement = statement.where(records.c.created_at < _naive_utc(until))
-        for name, value in filters.items():
-            if value is None:
-                continue
-            if name in ENVIRONMENT_FILTERS:  # a v1 row's own column, or a v2 row's environment's
-                statement = statement.where(or_(
-                    records.c[name] == value,
-                    records.c.environment_index.in_(
-                        select(environments.c.leaf_index).where(environments.c[name] == value))))
-            else:
-                statement = statement.where(records.c[name] == value)
+        place = None if cursor is None else decode_position(cursor)
+        if place is not None and place.order != order:
+            raise InvalidInputError("cursor", "belongs to another sort order")
+        backward = place is not None and place.backward
+        keys = _order_keys(order)
+        statement = mirror_filter(_with_coverage(_mirror_select()), since=since, until=until,
+                                  filters=filters, contains=contains)
+        if place is not None:
+            statement = statement.where(_beyond(keys, place, order))
+        ascending = (order != "-time") != backward
+        statement = statement.order_by(*(k.asc() if ascending else k.desc() for k in keys))
         with self.engine.connect() as conn:
-            rows = [_record_row(r) for r in conn.execute(statement)]
-        if len(rows) > limit:
-            return rows[:limit], encode_cursor(rows[limit - 1].leaf_index)
-        return rows, None
+            rows = [_record_row(r) for r in conn.execute(statement.limit(limit + 1))]
+        more = len(rows) > limit
+        rows = rows[:limit]
+        if backward:
+            rows.reverse()
+        if not rows:
+            return MirrorPage([], None, None)
+        after = (backward or more) and Position(order, False, rows[-1].created_at,
+                                                 rows[-1].leaf_index)
+        before = ((more if backward else place is not None)
+                  and Position(order, True, rows[0].created_at, rows[0].leaf_index))
+        return MirrorPage(rows, after.encode() if after else None,
+                          before.encode() if before else None)
+
+    def count(self, *, since: datetime | None = None, until: datetime | None = None,
+              filters: Mapping[str, str | None] | None = None,
+              contains: Mapping[str, str] | None = None) -> int:
+        """How many mirror rows ``page`` with these filters would return in all."""
+        statement = mirror_filter(select(func.count()).select_from(_mirror_from()),
+                                  since=since, until=until, filters=filters, contains=contains)
+        with self.engine.connect() as conn:
+            return int(conn.execute(statement).scalar() or 0)
+
+    def known_values(self, tenant: str | None = None) -> dict[str, list[str]]:
+        """The distinct model names and digests, accelerators, drivers and service
+        revisions of the records (of ``tenant`` only, when given), sorted: the console's
+        pick-lists. Environment leaves are the log's, not a tenant's records."""
+        names = ("model_name", "model_digest", "accelerator_model", "driver_version",
+                 "service_revision")
+        statement = (select(*(func.coalesce(records.c[n], environments.c[n]).label(n)
+                              for n in names))
+                     .select_from(_mirror_from()).distinct()
+                     .where(records.c.tenant != LOG_WIDE_TENANT))
+        if tenant is not None:
+            statement = statement.where(records.c.tenant == tenant)
+        with self.engine.connect() as conn:
+            found = conn.execute(statement).all()
+        return {n: sorted({str(v) for v in (row._mapping[n] for row in found)
+                           if v is not None}) for n in names}
 
     def iter_records(self, start: int = 0, end: int | None = None,
                      batch: int = 5000) -> Iterator[RecordRow]:
@@ -969,8 +1025,105 @@ def _mirror_select() -> Any:
     return select(
         *[c for c in records.c if c.name not in names],
         *[func.coalesce(records.c[n], environments.c[n]).label(n) for n in names],
-    ).select_from(records.outerjoin(
-        environments, environments.c.leaf_index == records.c.environment_index))
+    ).select_from(_mirror_from())
+
+
+def _mirror_from() -> Any:
+    return records.outerjoin(environments,
+                             environments.c.leaf_index == records.c.environment_index)
+
+
+def mirror_filter(statement: Any, *, since: datetime | None, until: datetime | None,
+                  filters: Mapping[str, str | None] | None = None,
+                  contains: Mapping[str, str] | None = None) -> Any:
+    """``statement`` (over the mirror: records joined to their environments) narrowed to
+    the time range, the exact ``filters`` and the parts of names in ``contains``."""
+    filters = filters or {}
+    unknown = (set(filters) - set(EXACT_FILTERS)) | (set(contains or {}) - set(PARTIAL_FILTERS))
+    if unknown:
+        raise InvalidInputError(sorted(unknown)[0], "is not a known filter")
+    if since is not None:
+        statement = statement.where(records.c.created_at >= _naive_utc(since))
+    if until is not None:
+        statement = statement.where(records.c.created_at < _naive_utc(until))
+    for name, value in filters.items():
+        if value is None:
+            continue
+        if name in ENVIRONMENT_FILTERS:  # a v1 row's own column, or a v2 row's environment's
+            statement = statement.where(or_(
+                records.c[name] == value,
+                records.c.environment_index.in_(
+                    select(environments.c.leaf_index).where(environments.c[name] == value))))
+        else:
+            statement = statement.where(records.c[name] == value)
+    for name, part in (contains or {}).items():
+        # autoescape: the auditor's "%" or "_" is a character, never a wildcard.
+        statement = statement.where(func.coalesce(records.c[name], environments.c[name])
+                                    .icontains(part, autoescape=True))
+    return statement
+
+
+@dataclass(frozen=True)
+class MirrorPage:
+    rows: list[RecordRow]
+    next_cursor: str | None
+    previous_cursor: str | None
+
+
+@dataclass(frozen=True)
+class Position:
+    """A place in a page order: after (or before) the row at ``created_at, leaf_index``."""
+
+    order: str
+    backward: bool
+    created_at: datetime
+    leaf_index: int
+
+    def encode(self) -> str:
+        if self.order == "leaf" and not self.backward:
+            return encode_cursor(self.leaf_index)  # the API's cursor, as it always was
+        micros = (self.created_at - _EPOCH) // timedelta(microseconds=1)
+        text = (f"{'before' if self.backward else 'after'}:{self.order}:{micros}:"
+                f"{self.leaf_index}")
+        return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+_EPOCH = datetime(1970, 1, 1)
+_MAX_MICROS = (datetime(9999, 12, 31) - _EPOCH) // timedelta(microseconds=1)
+
+
+def decode_position(cursor: str) -> Position:
+    """A cursor from ``MirrorPage``; anything else is refused (field cursor)."""
+    bad = InvalidInputError("cursor", "is not a cursor this service issued")
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad from exc
+    parts = text.split(":")
+    if len(parts) == 2:
+        return Position("leaf", False, _EPOCH, decode_cursor(cursor))
+    if (len(parts) != 4 or parts[0] not in ("after", "before") or parts[1] not in PAGE_ORDERS
+            or not parts[2].lstrip("-").isdigit() or not parts[3].isdigit()
+            or not 0 <= int(parts[2]) <= _MAX_MICROS):
+        raise bad
+    return Position(parts[1], parts[0] == "before",
+                    _EPOCH + timedelta(microseconds=int(parts[2])), int(parts[3]))
+
+
+def _order_keys(order: str) -> tuple[Any, ...]:
+    return (records.c.leaf_index,) if order == "leaf" else (records.c.created_at,
+                                                            records.c.leaf_index)
+
+
+def _beyond(keys: tuple[Any, ...], place: Position, order: str) -> Any:
+    """Rows past ``place`` in the direction read: later in the order, or earlier."""
+    later = (order != "-time") != place.backward
+    if order == "leaf":
+        return keys[0] > place.leaf_index if later else keys[0] < place.leaf_index
+    at = place.created_at
+    if later:
+        return or_(keys[0] > at, and_(keys[0] == at, keys[1] > place.leaf_index))
+    return or_(keys[0] < at, and_(keys[0] == at, keys[1] < place.leaf_index))
 
 
 def _with_coverage(statement: Any) -> Any:

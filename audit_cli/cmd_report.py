@@ -139,7 +139,7 @@ def gather(args: argparse.Namespace) -> ReportData:
                                environment_index=r.environment_index), r.body)
                 for r in ledger.iter_records())
         audit = audit_range(rows, trusted, since, until, log_size=log_size,
-                            environments=ledger.environments())
+                            environments=ledger.mirror.environments())
         data = ReportData(since, until, args.tenant, datetime.now(UTC).replace(tzinfo=None),
                           _redacted(args.db), verifier.name, verifier.encode(), log_size,
                           latest.size, audit)
@@ -160,8 +160,8 @@ def gather(args: argparse.Namespace) -> ReportData:
         data.counts = {name: Counter() for name, _ in COUNTED}
         cursor: str | None = None
         while True:
-            page, cursor = ledger.query(since=since, until=until, limit=5000, cursor=cursor,
-                                        tenant=args.tenant)
+            page, cursor = ledger.mirror.query(since=since, until=until, limit=5000, cursor=cursor,
+                                               tenant=args.tenant)
             for r in page:
                 body = json.loads(r.leaf_body)
                 if body.get("schema") in (ERASURE_SCHEMA, ERASURE_KIND):

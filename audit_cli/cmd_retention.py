@@ -166,7 +166,7 @@ def _report(args: argparse.Namespace, vault: Any, journal: Any) -> None:
     erasures: list[dict[str, Any]] = []
     cursor = None
     while ids:
-        page, cursor = journal.query(tenant=args.tenant, limit=1000, cursor=cursor)
+        page, cursor = journal.mirror.query(tenant=args.tenant, limit=1000, cursor=cursor)
         for row in page:
             body = json.loads(row.leaf_body)  # both formats: v1 and v2 share these members
             if body["schema"] in (ACCESS_SCHEMA, ACCESS_KIND) \

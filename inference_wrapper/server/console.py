@@ -72,8 +72,10 @@ from ledger.client.database import DatabaseSource
 from ledger.client.sources import RecordNotFoundError, gather
 from ledger.errors import BackendError, InvalidInputError
 from ledger.leaves.mirror import LOG_WIDE_TENANT
+from ledger.store.log_api import RecordRow
+from ledger.store.mirror import PARTIAL_FILTERS, MirrorPage, decode_position
 from ledger.store.schema import anchors, api_keys, checkpoints
-from ledger.store.sql import PARTIAL_FILTERS, MirrorPage, RecordRow, SqlLedger, decode_position
+from ledger.store.sql import SqlLedger
 
 SESSION_COOKIE = "alc_session"
 LOGIN_COOKIE = "alc_login_csrf"
@@ -272,12 +274,13 @@ class Search:
                 **{k: visible(v or "") for k, v in {**self.filters, **self.contains}.items()}}
 
     def page(self, ledger: SqlLedger, limit: int, cursor: str | None) -> MirrorPage:
-        return ledger.page(since=self.since, until=self.until, limit=limit, cursor=cursor,
-                           order=self.order, filters=self.filters, contains=self.contains)
+        return ledger.mirror.page(since=self.since, until=self.until, limit=limit,
+                                  cursor=cursor, order=self.order, filters=self.filters,
+                                  contains=self.contains)
 
     def count(self, ledger: SqlLedger) -> int:
-        return ledger.count(since=self.since, until=self.until, filters=self.filters,
-                            contains=self.contains)
+        return ledger.mirror.count(since=self.since, until=self.until, filters=self.filters,
+                                   contains=self.contains)
 
 
 class BadField(Exception):
@@ -351,7 +354,7 @@ async def search_page(request: web.Request) -> web.Response:
     if session is None:
         return _to_login()
     ledger = request.app[LEDGER]
-    known = await asyncio.to_thread(ledger.known_values, session.scope)
+    known = await asyncio.to_thread(ledger.mirror.known_values, session.scope)
     try:
         search = parse_search(request.query, session.scope)
         found = await asyncio.to_thread(search.page, ledger, search.limit, search.cursor)
@@ -572,8 +575,8 @@ def _plot_points(ledger: SqlLedger, since: datetime, until: datetime,
     points: list[Point] = []
     cursor: str | None = None
     while len(points) < PLOT_MAX_RECORDS:
-        rows, cursor = ledger.query(since=since, until=until, limit=5000, cursor=cursor,
-                                    tenant=tenant)
+        rows, cursor = ledger.mirror.query(since=since, until=until, limit=5000, cursor=cursor,
+                                           tenant=tenant)
         # An engine's environment leaf is no request: it has no point on the plots.
         points.extend(Point.from_record(r.created_at, r.columns, json.loads(r.leaf_body))
                       for r in rows if r.tenant != LOG_WIDE_TENANT)

@@ -30,7 +30,7 @@ def bundle_chunks(ledger: SqlLedger, since: datetime | None, until: datetime | N
     latest = ledger.latest_checkpoint()
     if latest is None:
         raise BackendError("the log has no checkpoint yet")
-    anchored = SqlAnchorStore(ledger).latest()
+    anchored = SqlAnchorStore(ledger.engine).latest()
     anchor = None
     if anchored is not None:
         low, high = sorted((anchored.size, latest.size))
@@ -48,8 +48,8 @@ def bundle_chunks(ledger: SqlLedger, since: datetime | None, until: datetime | N
     yield json.dumps(header)[:-1] + ', "entries": [\n'
     first, cursor = True, None
     while True:
-        found = ledger.page(since=since, until=until, limit=PAGE, cursor=cursor,
-                            filters=filters, contains=contains)
+        found = ledger.mirror.page(since=since, until=until, limit=PAGE, cursor=cursor,
+                                   filters=filters, contains=contains)
         rows, cursor = found.rows, found.next_cursor
         entries = [json.dumps({"record_id": r.record_id, "leaf_index": r.leaf_index,
                                "canonical": base64.b64encode(r.canonical).decode(),

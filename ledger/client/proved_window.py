@@ -12,13 +12,14 @@ to the tag first, so a tenant's auditor never asks for another tenant's body.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from ledger import merkle
 from ledger.body_bundles import envelope_tag
-from ledger.checkpoint import Checkpoint
+from ledger.checkpoint import Checkpoint, NoteVerifier
+from ledger.cosignature import WitnessKey, valid_cosigners
 from ledger.errors import InvalidInputError, LeafBindingError
 from ledger.leaves.envelope import is_envelope, tenant_tag
 from ledger.leaves.environment import (
@@ -27,7 +28,7 @@ from ledger.leaves.environment import (
     environment_columns,
 )
 from ledger.leaves.kinds import open_leaf
-from ledger.window import MAX_LAG, WindowAnswer, check_window
+from ledger.window import MAX_LAG, WindowAnswer, WindowError, check_window
 
 # The filters a window answers, as the mirror names them (the CLI's --tenant etc.): the
 # tenant and every column an environment defines (v1 records carry the same columns).
@@ -154,3 +155,31 @@ def prove_filtered_window(log: Any, since: datetime, until: datetime,
     checkpoint: Checkpoint = log.checkpoint
     return check_window(checkpoint, since, until, start, entries, log.nodes.node, keep,
                         lag), entries
+
+
+def prove_window_from(source: Any, verifier: NoteVerifier, since: datetime, until: datetime,
+                      filters: Mapping[str, str], *, witnesses: Sequence[WitnessKey] = (),
+                      quorum: int | None = None, origin: str | None = None
+                      ) -> tuple[WindowAnswer, list[bytes], str]:
+    """The whole check for a caller holding a tile source (``open_tiles(...)``, or
+    ``ledger.store.tile_reads.StoreTiles`` inside the service): its checkpoint opened
+    with the pinned ``verifier`` (and ``origin``, default the key's name), cosigned by
+    ``quorum`` (default all) of ``witnesses`` unless none are given (then the answer's
+    third part says "UNWITNESSED"), the window proved and filtered
+    (``prove_filtered_window``). Returns (answer, leaves read, how it is vouched for)."""
+    from ledger.client.tiles import TiledLog
+
+    note = source.get("checkpoint")
+    if note is None:
+        raise WindowError("no checkpoint is published there")
+    checkpoint = verifier.open_checkpoint(note, origin or verifier.name)
+    vouched = "UNWITNESSED"
+    if witnesses:
+        cosigned = valid_cosigners(note, witnesses)
+        if len(cosigned) < (quorum or len(witnesses)):
+            raise WindowError(f"checkpoint {checkpoint.size} carries {len(cosigned)} valid "
+                              f"cosignatures of the {quorum or len(witnesses)} needed")
+        vouched = "witnessed by " + ", ".join(sorted(cosigned))
+    answer, entries = prove_filtered_window(TiledLog(source, checkpoint, note), since,
+                                            until, filters)
+    return answer, entries, vouched

@@ -32,8 +32,9 @@ from ledger.leaves.body_codec import pack_body
 from ledger.leaves.envelope import TIMESTAMP, Leaf
 from ledger.leaves.mirror import environment_row, leaf_columns
 from ledger.record import mirror_columns
+from ledger.store.log_api import parse_timestamp
+from ledger.store.rows import RECORD_INSERT_COLUMNS
 from ledger.store.schema import checkpoints, cosignatures, environments, log_meta, records
-from ledger.store.sql import RECORD_INSERT_COLUMNS, parse_timestamp
 
 BUNDLES_AHEAD = 16  # bundles fetched ahead of the one being written
 CHUNK_LEAVES = 8192  # leaves per mirror-row job and per insert statement

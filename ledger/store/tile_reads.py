@@ -11,7 +11,9 @@ from __future__ import annotations
 from sqlalchemy import Engine
 
 from ledger import tiles
-from ledger.body_bundles import body_path, split_bodies
+from ledger.body_bundles import PREFIX, body_path, parse_body_path, split_bodies
+from ledger.checkpoint import Checkpoint
+from ledger.errors import InvalidInputError
 from ledger.leaves.body_codec import unpack_body
 from ledger.tiles import TileRef
 
@@ -81,3 +83,27 @@ def read_bundle(engine: Engine, ref: TileRef) -> bytes:
 def read_tile(engine: Engine, ref: TileRef) -> bytes:
     """A hash tile or an entry bundle, as the spec encodes it."""
     return read_bundle(engine, ref) if ref.entries else read_hash_tile(engine, ref)
+
+
+class StoreTiles:
+    """The log's own tables as a tile source (``ledger.client.tiles.TileSource``) for a
+    caller inside the service (the console's search): the files ``/tlog`` serves, for
+    the signed ``note`` given (read with its cosignatures), with no access check (the
+    caller applies its own)."""
+
+    def __init__(self, engine: Engine, note: bytes) -> None:
+        self.engine, self.note = engine, note
+        self.size = Checkpoint.peek(note).size
+
+    def get(self, path: str) -> bytes | None:
+        if path == tiles.CHECKPOINT_PATH:
+            return self.note
+        try:
+            if path.startswith(PREFIX + "/"):
+                tag, ref = parse_body_path(path)
+                return read_body_bundle(self.engine, tag, ref) if covered(ref, self.size) \
+                    else None
+            ref = tiles.parse_path(path)
+            return read_tile(self.engine, ref) if covered(ref, self.size) else None
+        except (InvalidInputError, TileNotFoundError):
+            return None

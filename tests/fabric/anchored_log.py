@@ -15,8 +15,9 @@ from ledger.anchor.store import SqlAnchorStore
 from ledger.anchor.worker import AnchorWorker
 from ledger.store.integrator import Integrator
 from ledger.store.keys import load_or_create_signer
+from ledger.store.log_api import StoredCheckpoint
 from ledger.store.migrate import upgrade
-from ledger.store.sql import SqlLedger, StoredCheckpoint
+from ledger.store.sql import SqlLedger
 from tests.fabric.conftest import gateway_for
 from tests.fabric.peer_double import GatewayDouble, PeerDouble
 from tests.records import make_record
@@ -66,7 +67,7 @@ def anchored_log(peer: PeerDouble, identity: Identity, directory: Path,
     signer = load_or_create_signer(directory / "log.key", origin)
     with SqlLedger(url) as ledger:
         gateway = gateway_for(peer, identity, timeout_s=5, commit_timeout_s=5)
-        store = SqlAnchorStore(ledger)
+        store = SqlAnchorStore(ledger.engine)
         anchor = FabricAnchor(ledger, gateway, signer.verifier(), origin, store)
         anchor.register()
         assert peer.gateway is not None

@@ -312,7 +312,7 @@ async def test_an_anchor_on_another_history_is_named_on_readyz_and_metrics(
     token = app[KEYS].create("bank-a", "client")[0]
     signer, origin = app[SIGNER], app[SIGNER].name
     foreign = signer.sign_checkpoint(Checkpoint(origin, 1, merkle.hash_leaf(b"elsewhere")))
-    SqlAnchorStore(app[LEDGER]).record(1, foreign, "local", "local:1")  # a restored copy
+    SqlAnchorStore(app[LEDGER].engine).record(1, foreign, "local", "local:1")  # a restored copy
     for _ in range(2):
         answer = await client.post("/v1/generate", json={"prompt": "hi", "max_new_tokens": 2},
                                    headers={"Authorization": f"Bearer {token}"})

@@ -13,7 +13,8 @@ from ledger.leaves.commitments import row_commitments
 from ledger.leaves.environment import build_environment
 from ledger.leaves.record_v2 import EnvironmentRef, build_record_v2, row_data
 from ledger.record import AuditRecord, build_record
-from ledger.store.sql import SqlLedger
+from ledger.store.mirror import SqlMirror
+from ledger.store.sql import SqlLedger, make_engine
 from tests.integration.conftest import ORIGIN
 
 # (model name, driver, minute): log order is not time order (minutes 5, 1, 3, ...).
@@ -35,7 +36,7 @@ def v1(i: int, name: str, driver: str, minute: int, tenant: str) -> AuditRecord:
 
 
 @pytest.fixture()
-def mirror(ledger_url: str) -> SqlLedger:
+def mirror(ledger_url: str) -> SqlMirror:
     with SqlLedger(ledger_url).start() as ledger:
         for i, (name, driver, minute) in enumerate(V1):
             ledger.append(v1(i, name, driver, minute, "bank-a" if i != 2 else "bank-b"))
@@ -61,15 +62,16 @@ def mirror(ledger_url: str) -> SqlLedger:
                               padding_side="left", padding_count=0,
                               generation={"max_new_tokens": 4, "temperature": 0.0}),
                 batch={"id": "c" * 32, "size": 2, "row": row}, timings_ms={"forward": 2.0}))
-    return SqlLedger(ledger_url)
+    return SqlMirror(make_engine(ledger_url))
 
 
-def names(ledger: SqlLedger, **kwargs: object) -> list[str]:
-    return [str(r.columns["model_name"]) for r in ledger.page(limit=100, **kwargs).rows]  # type: ignore[arg-type]
+def names(mirror: SqlMirror, **kwargs: object) -> list[str]:
+    found = mirror.page(limit=100, **kwargs)  # type: ignore[arg-type]
+    return [str(r.columns["model_name"]) for r in found.rows]
 
 
 def test_a_part_of_a_name_matches_in_any_case_and_wildcards_are_literal(
-        mirror: SqlLedger) -> None:
+        mirror: SqlMirror) -> None:
     assert names(mirror, contains={"model_name": "LLAMA"}) == [
         "Llama-3 8B", "llama_guard", "llamaXguard"]
     # "_" and "%" are characters: "llama_g" is not "llamaXg", "100%" is not "10".
@@ -89,7 +91,7 @@ def test_a_part_of_a_name_matches_in_any_case_and_wildcards_are_literal(
     assert mirror.count(filters={"driver_version": "570.86.10"}) == 2  # through environments
 
 
-def test_time_order_both_ways_with_next_and_previous_pages(mirror: SqlLedger) -> None:
+def test_time_order_both_ways_with_next_and_previous_pages(mirror: SqlMirror) -> None:
     minutes = {name: minute for name, _, minute in V1}
     oldest_first = sorted(minutes, key=minutes.__getitem__)
     pages, cursor = [], None
@@ -118,7 +120,7 @@ def test_time_order_both_ways_with_next_and_previous_pages(mirror: SqlLedger) ->
     assert refused.value.field == "cursor"
 
 
-def test_log_order_keeps_the_apis_cursor_and_pages_back(mirror: SqlLedger) -> None:
+def test_log_order_keeps_the_apis_cursor_and_pages_back(mirror: SqlMirror) -> None:
     rows, cursor = mirror.query(limit=3)
     assert cursor is not None
     assert base64.urlsafe_b64decode(cursor + "==").decode() == f"after:{rows[-1].leaf_index}"
@@ -131,13 +133,13 @@ def test_log_order_keeps_the_apis_cursor_and_pages_back(mirror: SqlLedger) -> No
 @pytest.mark.parametrize("forged", [
     base64.urlsafe_b64encode(b"after:time:99999999999999999999:1").decode(),
     base64.urlsafe_b64encode(b"before:nope:1:1").decode(), "%%%"])
-def test_a_forged_cursor_is_refused_naming_the_field(mirror: SqlLedger, forged: str) -> None:
+def test_a_forged_cursor_is_refused_naming_the_field(mirror: SqlMirror, forged: str) -> None:
     with pytest.raises(InvalidInputError) as refused:
         mirror.page(limit=2, order="time", cursor=forged)
     assert refused.value.field == "cursor"
 
 
-def test_pick_lists_hold_only_the_tenants_own_values(mirror: SqlLedger) -> None:
+def test_pick_lists_hold_only_the_tenants_own_values(mirror: SqlMirror) -> None:
     bank_a = mirror.known_values("bank-a")
     assert bank_a["model_name"] == ["Llama-3 8B", "Mistral 10", "llama_guard",
                                     "mistral 100%"]

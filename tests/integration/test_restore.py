@@ -187,7 +187,7 @@ def test_restore_of_a_mixed_v1_v2_log_rebuilds_bodies_environments_and_mirror(
     assert [e[0] for e in envs] == [40, 300] and bodies[41][2] == 40
     with SqlLedger(url) as restored:
         from tests.mixed_log import MODEL_B
-        found, _ = restored.query(model_digest=MODEL_B, limit=1000)
+        found, _ = restored.mirror.query(model_digest=MODEL_B, limit=1000)
         assert sorted(r.leaf_index for r in found) == list(range(301, 600))
     capsys.readouterr()
     assert main(["log", "--db", url, "--log-key", signer.verifier().encode(), "--no-state",

@@ -398,3 +398,33 @@ def test_the_tenant_fast_path_still_refuses_a_second_tenant_member() -> None:
         keep(0, doubled)
     # A prefix of the tenant's name is not the tenant.
     assert not keep(0, plain.replace(b'"tenant":"bank-1"', b'"tenant":"bank-1x"'))
+
+
+def test_a_library_caller_proves_a_filtered_window_from_the_log_tables(
+        mixed: tuple[str, Path], keys: Any) -> None:
+    """What the console's search calls: the tables as a tile source, same answer as the
+    published tiles, the witness policy applied."""
+    from ledger.client.proved_window import prove_window_from
+    from ledger.store.tile_reads import StoreTiles
+    from ledger.window import WindowError
+    from ledger.witness.cosignatures import cosigned_note
+    from tests.mixed_log import MODEL_B
+
+    url, _ = mixed
+    signer, witness = keys
+    with SqlLedger(url) as ledger:
+        latest = ledger.latest_checkpoint()
+        assert latest is not None
+        source = StoreTiles(ledger.engine, cosigned_note(ledger, latest.size, latest.note))
+        answer, _, vouched = prove_window_from(
+            source, signer.verifier(), SINCE, UNTIL, {"tenant": "bank-b",
+                                                      "model_digest": MODEL_B},
+            witnesses=[witness.witness_key])
+        other = Cosigner("witness.other", Ed25519PrivateKey.generate())
+        with pytest.raises(WindowError, match="carries 1 valid cosignatures of the 2 needed"):
+            prove_window_from(source, signer.verifier(), SINCE, UNTIL, {},
+                              witnesses=[witness.witness_key, other.witness_key])
+    assert vouched == "witnessed by witness.test"
+    assert answer.summary() == "complete: every leaf in [89, 411) read and checked, " \
+                               "75 matched"
+    assert answer.matched == list(range(SWITCH + 1, 400, 2))

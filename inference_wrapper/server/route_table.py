@@ -121,7 +121,9 @@ RESPONSES: dict[str, dict[str, Any]] = {
                      "next_cursor": {"type": ["string", "null"]}}),
     "record": _ROW,
     "proof": _obj({"record_id": _STR, "leaf_index": _INT, "leaf_hash": _HEX,
-                   "inclusion_proof": {"type": "array", "items": _HEX}, **_NOTE}),
+                   "inclusion_proof": {"type": "array", "items": _HEX}, **_NOTE},
+                  {"environment": _obj({"leaf_index": _INT, "inclusion_proof": {
+                      "type": "array", "items": _HEX}})}),  # a v2 record's environment
     "latest": _obj({"root": _HEX, **_NOTE}),
     "anchored": _obj({"kind": _STR, "ref": _STR, **_NOTE}),
     "consistency": _obj({"from": _INT, "to": _INT,

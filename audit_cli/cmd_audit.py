@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
                                environment_index=r.environment_index), r.body)
                 for r in ledger.iter_records())
         report = audit_range(rows, checkpoint, since, until, log_size=log_size,
-                             environments=ledger.environments())
+                             environments=ledger.mirror.environments())
         # A tail truncated or rewritten behind the checkpoint this auditor saw last.
         divergence = memory.check(ledger)
     if divergence is not None:

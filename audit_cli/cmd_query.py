@@ -41,8 +41,8 @@ def _rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         with SqlLedger(args.db) as ledger:
             cursor = None
             while True:
-                page, cursor = ledger.query(since=since, until=until, cursor=cursor,
-                                            limit=1000, **filters)
+                page, cursor = ledger.mirror.query(since=since, until=until, cursor=cursor,
+                                                   limit=1000, **filters)
                 for row in page:
                     rows.append({"leaf_index": row.leaf_index, "record_id": row.record_id,
                                  "created_at": row.created_at.isoformat() + "Z",

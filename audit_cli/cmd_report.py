@@ -138,7 +138,7 @@ def gather(args: argparse.Namespace) -> ReportData:
                                environment_index=r.environment_index), r.body)
                 for r in ledger.iter_records())
         audit = audit_range(rows, trusted, since, until, log_size=log_size,
-                            environments=ledger.environments())
+                            environments=ledger.mirror.environments())
         data = ReportData(since, until, args.tenant, datetime.now(UTC).replace(tzinfo=None),
                           _redacted(args.db), verifier.name, verifier.encode(), log_size,
                           latest.size, audit)
@@ -159,8 +159,8 @@ def gather(args: argparse.Namespace) -> ReportData:
         data.counts = {name: Counter() for name, _ in COUNTED}
         cursor: str | None = None
         while True:
-            page, cursor = ledger.query(since=since, until=until, limit=5000, cursor=cursor,
-                                        tenant=args.tenant)
+            page, cursor = ledger.mirror.query(since=since, until=until, limit=5000, cursor=cursor,
+                                               tenant=args.tenant)
             for r in page:
                 body = json.loads(r.leaf_body)
                 if body.get("schema") == ERASURE_SCHEMA:
@@ -299,11 +299,14 @@ def obligations(data: ReportData) -> list[tuple[str, str, str, str]]:
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], empty: str) -> str:
+    from inference_wrapper.server.console_pages import visible
+
     if not rows:
         return f"<p>{escape(empty)}</p>"
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     thead = f"<thead><tr>{head}</tr></thead>" if head else ""
-    body = "".join("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in row) + "</tr>"
+    # Cells come from the records: control and bidi characters are spelled out.
+    body = "".join("<tr>" + "".join(f"<td>{escape(visible(c))}</td>" for c in row) + "</tr>"
                    for row in rows)
     return f"<table>{thead}<tbody>{body}</tbody></table>"
 
@@ -375,7 +378,7 @@ def render(data: ReportData, paper: str = "A4") -> str:
         line_chart_svg,
         mean_batch_size,
         per_minute,
-        phase_percentiles,
+        phase_charts_svg,
         timeline_svg,
     )
 
@@ -442,7 +445,7 @@ and every typed column recomputed from the record bytes.</p>
 <h2>Records per minute</h2>
 {bar_chart_svg(per_minute(data.points), title="records (requests) per minute")}
 <h2>Latency per phase (from the records' timings)</h2>
-{line_chart_svg(phase_percentiles(data.points), title="p50 and p99 per minute", unit="ms")}
+{phase_charts_svg(data.points, title="p50 and p99 per minute")}
 <h2>Batch sizes</h2>
 {line_chart_svg({"mean batch size": mean_batch_size(data.points)},
                 title="mean batch size per minute", unit="")}

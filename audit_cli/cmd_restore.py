@@ -54,7 +54,9 @@ def run(args: argparse.Namespace) -> int:
     if aside:
         aside.unlink(missing_ok=True)
     upgrade(url)
-    engine = make_engine(url)
+    # A file built aside is removed unless proven and closed (which checkpoints and syncs
+    # it): its one transaction need not be synced to disk at commit too.
+    engine = make_engine(url, sqlite_synchronous="NORMAL") if aside else make_engine(url)
     try:
         done = restore(engine, source.get, verifier, args.origin or verifier.name,
                        witnesses=_witnesses(args.witness), quorum=args.witness_quorum,

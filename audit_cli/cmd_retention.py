@@ -165,7 +165,7 @@ def _report(args: argparse.Namespace, vault: Any, journal: Any) -> None:
     erasures: list[dict[str, Any]] = []
     cursor = None
     while ids:
-        page, cursor = journal.query(tenant=args.tenant, limit=1000, cursor=cursor)
+        page, cursor = journal.mirror.query(tenant=args.tenant, limit=1000, cursor=cursor)
         for row in page:
             if row.body is not None:  # a v2 leaf: never an access or erasure record
                 continue

@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.record_id:
         raise InvalidInputError("record_id", "is required unless verifying a bundle")
     source = open_source(args)
-    reader, gateway = _fabric_reader(args, args.origin or verifier.name)
+    reader, gateway = _fabric_reader(args, args.origin or verifier.name, verifier)
     try:
         for _ in range(STATE_ATTEMPTS):
             try:
@@ -355,7 +355,8 @@ def _origin(args: argparse.Namespace, checkpoint_note: bytes) -> str:
     return str(args.origin) if args.origin else args.verifier_name
 
 
-def _fabric_reader(args: argparse.Namespace, origin: str) -> tuple[Any, Any]:
+def _fabric_reader(args: argparse.Namespace, origin: str,
+                   verifier: NoteVerifier) -> tuple[Any, Any]:
     if not args.fabric_endpoint:
         return None, None
     if not (args.fabric_mspid and args.fabric_cert and args.fabric_key):
@@ -369,7 +370,7 @@ def _fabric_reader(args: argparse.Namespace, origin: str) -> tuple[Any, Any]:
                                                 args.fabric_key),
                             args.fabric_channel, args.fabric_chaincode,
                             tls_ca=args.fabric_tls_ca)
-    return FabricAnchorReader(gateway, origin), gateway
+    return FabricAnchorReader(gateway, origin, verifier), gateway
 
 
 def _with_block(evidence: Any, source: Any) -> Any:
@@ -428,7 +429,7 @@ def _bundle_anchor(args: argparse.Namespace, verifier: NoteVerifier,
                    bundle: Any) -> dict[str, Any] | None:
     """With --fabric-*, the anchor read from the channel replaces the bundle's claim; its
     consistency proof comes from the bundle's proofs from earlier sizes."""
-    reader, gateway = _fabric_reader(args, _origin(args, bundle.checkpoint))
+    reader, gateway = _fabric_reader(args, _origin(args, bundle.checkpoint), verifier)
     if reader is None:
         return None
     try:

@@ -59,6 +59,7 @@ def prove_from_tiles(args: argparse.Namespace, since: Any, until: Any,
     leaves read, how the checkpoint is vouched for)."""
     from audit_cli.evidence import pinned_verifier
     from audit_cli.remembered import Memory
+    from ledger.client.proved_window import prove_filtered_window
     from ledger.client.tiles import TiledLog, open_tiles
 
     if not args.tiles:
@@ -76,36 +77,16 @@ def prove_from_tiles(args: argparse.Namespace, since: Any, until: Any,
     divergence = memory.check_tree(checkpoint, log.nodes.read_nodes)
     if divergence is not None:
         raise WindowError(divergence.message)
-    answer, entries = log.prove_window(since, until, leaf_filter(filters, checkpoint.origin))
+    answer, entries = prove_filtered_window(log, since, until, filters)
     memory.advance(note)
     return answer, log, entries, vouched
 
 
-def leaf_filter(filters: Mapping[str, str], origin: str) -> Callable[[int, bytes], bool]:
-    """The query's filters applied to one leaf's bytes: a v1 record's own columns, or a
-    v2 envelope's tenant tag (its other columns are in bodies, which tiles do not carry)."""
-    from ledger.audit import open_record
-    from ledger.leaves.envelope import is_envelope, parse_envelope, tenant_tag
-    from ledger.record import mirror_columns
+def leaf_filter(filters: Mapping[str, str], origin: str, reader: Any = None
+                ) -> Callable[[int, bytes], bool]:
+    """The query's filters applied to one leaf's bytes (``ledger.client.proved_window``):
+    a v1 record's own columns; a v2 leaf's tenant tag, and its other filters through
+    its body and environment when ``reader`` serves them."""
+    from ledger.client.proved_window import LeafFilter
 
-    tag = tenant_tag(origin, filters["tenant"]) if "tenant" in filters else None
-
-    wanted = [value.encode() for value in filters.values()]
-
-    def keep(index: int, entry: bytes) -> bool:
-        if not filters:
-            return True
-        if is_envelope(entry):
-            if set(filters) != {"tenant"}:
-                raise InvalidInputError(sorted(set(filters) - {"tenant"})[0].replace(
-                    "_", "-"), "v2 leaves are filtered by tenant only through tiles")
-            # Strictly: an envelope with two tenant tags must not pass as another's.
-            return bool(parse_envelope(entry)["tenant_tag"] == tag)
-        # Without a backslash every JSON string is spelled out in the bytes: a record not
-        # holding each wanted value verbatim cannot match, and is not parsed.
-        if b"\\" not in entry and not all(value in entry for value in wanted):
-            return False
-        columns: dict[str, Any] = mirror_columns(open_record(entry))
-        return all(str(columns.get(name)) == value for name, value in filters.items())
-
-    return keep
+    return LeafFilter(filters, origin, reader)

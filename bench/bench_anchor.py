@@ -39,8 +39,9 @@ from ledger.anchor.worker import AnchorWorker  # noqa: E402
 from ledger.record import build_record  # noqa: E402
 from ledger.store.integrator import Integrator  # noqa: E402
 from ledger.store.keys import load_or_create_signer  # noqa: E402
+from ledger.store.log_api import StoredCheckpoint  # noqa: E402
 from ledger.store.migrate import upgrade  # noqa: E402
-from ledger.store.sql import SqlLedger, StoredCheckpoint  # noqa: E402
+from ledger.store.sql import SqlLedger  # noqa: E402
 
 NEEDED = ("FABRIC_GATEWAY_ENDPOINT", "FABRIC_MSPID", "FABRIC_CERT", "FABRIC_KEY")
 

@@ -74,7 +74,7 @@ def _read_all(ledger: SqlLedger) -> int:
     cursor: str | None = None
     total = 0
     while True:
-        rows, cursor = ledger.query(since=SINCE, until=UNTIL, limit=CSV_PAGE, cursor=cursor)
+        rows, cursor = ledger.mirror.query(since=SINCE, until=UNTIL, limit=CSV_PAGE, cursor=cursor)
         total += len(rows)
         if cursor is None:
             return total
@@ -83,7 +83,7 @@ def _read_all(ledger: SqlLedger) -> int:
 def _csv_all(ledger: SqlLedger) -> int:
     cursor, total, first = None, 0, True
     while True:
-        rows, cursor = ledger.query(since=SINCE, until=UNTIL, limit=CSV_PAGE, cursor=cursor)
+        rows, cursor = ledger.mirror.query(since=SINCE, until=UNTIL, limit=CSV_PAGE, cursor=cursor)
         total += len(csv_lines(rows, header=first))
         first = False
         if cursor is None:

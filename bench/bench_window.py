@@ -18,6 +18,7 @@ product's own commands:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import socket
@@ -34,6 +35,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
+from cryptography.hazmat.primitives.serialization import (  # noqa: E402
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    load_pem_private_key,
+)
 
 from ledger import merkle, tiles  # noqa: E402
 from ledger.checkpoint import Checkpoint, NoteSigner  # noqa: E402
@@ -189,16 +196,34 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--dir", type=Path, help="work here instead of a temporary folder")
+    parser.add_argument("--keep", type=Path, help="work in this folder and keep it: a log "
+                        "and tiles built there by an earlier run are reused (same --records)")
+    parser.add_argument("--steps", default="tiles,query,restore",
+                        help="which measurements to run (comma-separated)")
     args = parser.parse_args()
+    steps = set(args.steps.split(","))
     count = args.records
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    with tempfile.TemporaryDirectory(dir=args.dir) as name:
-        tmp = Path(name)
-        key = Ed25519PrivateKey.generate()
+    with contextlib.ExitStack() as stack:
+        if args.keep:
+            tmp = args.keep
+            tmp.mkdir(parents=True, exist_ok=True)
+        else:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=args.dir)))
+        keys = tmp / "keys.pem"
+        if not keys.exists():
+            keys.write_bytes(b"".join(k.private_bytes(
+                Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()) for k in
+                (Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate())))
+        pems = keys.read_bytes().split(b"-----END PRIVATE KEY-----\n")
+        key, witness_key = (load_pem_private_key(p + b"-----END PRIVATE KEY-----\n", None)
+                            for p in pems[:2])
+        assert isinstance(key, Ed25519PrivateKey) and isinstance(witness_key,
+                                                                 Ed25519PrivateKey)
         signer = NoteSigner(ORIGIN, key)
-        witness = Cosigner("witness.bench", Ed25519PrivateKey.generate())
+        witness = Cosigner("witness.bench", witness_key)
         home = tmp / "home"
-        home.mkdir()
+        home.mkdir(exist_ok=True)
         (home / "log.key").write_text(encode_signer_key(ORIGIN, key) + "\n")
         (home / "log.key").chmod(0o600)
         env = dict(os.environ, AUDIT_LEDGER_HOME=str(home), PYTHONUNBUFFERED="1",
@@ -207,18 +232,25 @@ def main() -> None:
                  witness.witness_key.encode()]
 
         url = f"sqlite:///{tmp / 'log.db'}"
-        upgrade(url)
-        started = time.perf_counter()
-        note = build(url, count, signer, witness)
-        print(f"built a log of {count:,} v1 records in {time.perf_counter() - started:.1f} s "
-              f"(setup, not measured against a target)")
+        if (tmp / "tlog" / "checkpoint").exists():
+            note = (tmp / "tlog" / "checkpoint").read_bytes()
+            if Checkpoint.peek(note).size != count:
+                raise SystemExit(f"{tmp} holds a log of another size; use another --keep")
+            print(f"reusing the log and tiles of {count:,} records in {tmp}")
+        else:
+            (tmp / "log.db").unlink(missing_ok=True)
+            upgrade(url)
+            started = time.perf_counter()
+            note = build(url, count, signer, witness)
+            print(f"built a log of {count:,} v1 records in {time.perf_counter() - started:.1f}"
+                  " s (setup, not measured against a target)")
 
-        ledger = SqlLedger(url)
-        started = time.perf_counter()
-        published = publish(ledger.engine, note, DirectorySink(tmp / "tlog"))
-        ledger.engine.dispose()
-        print(f"published {published.files:,} tiles and bundles to a directory in "
-              f"{time.perf_counter() - started:.1f} s")
+            ledger = SqlLedger(url)
+            started = time.perf_counter()
+            published = publish(ledger.engine, note, DirectorySink(tmp / "tlog"))
+            ledger.engine.dispose()
+            print(f"published {published.files:,} tiles and bundles to a directory in "
+                  f"{time.perf_counter() - started:.1f} s")
 
         port = free_port()
         with open(tmp / "http.log", "w") as http_log:
@@ -227,22 +259,27 @@ def main() -> None:
                 stdout=http_log, stderr=subprocess.STDOUT)
             try:
                 prefix = f"http://127.0.0.1:{port}/"
-                for _ in range(200):
+                while True:  # until it answers (a loaded machine starts it slowly)
+                    if server.poll() is not None:
+                        raise SystemExit("the static server exited:\n"
+                                         + (tmp / "http.log").read_text()[-2000:])
                     try:
                         urllib.request.urlopen(prefix + "checkpoint", timeout=1).close()
                         break
                     except OSError:
                         time.sleep(0.05)
-                entries, seconds = read_all_bundles(prefix, count)
-                print(f"1. tiles served from the directory publisher (aiohttp static files):"
-                      f" {entries:,} entries in {seconds:.1f} s = {entries / seconds:,.0f} "
-                      "entries/s (target >= 100,000/s)")
+                if "tiles" in steps:
+                    entries, seconds = read_all_bundles(prefix, count)
+                    print(f"1. tiles served from the directory publisher (aiohttp static "
+                          f"files): {entries:,} entries in {seconds:.1f} s = "
+                          f"{entries / seconds:,.0f} entries/s (target >= 100,000/s)")
 
                 last = BASE + STEP * (count - 1)
                 since = BASE.isoformat()
                 until = (last - timedelta(minutes=5, seconds=1)).isoformat()
                 for extra, what in (([], "time only"), (["--tenant", "bank-1"],
-                                                        "tenant filter")):
+                                                        "tenant filter")
+                                    ) if "query" in steps else ():
                     seconds, out = run_cli(["query", "--prove", "--limit", "10", "--tiles",
                                             prefix, "--since", since, "--until", until,
                                             *extra, *trust], env, tmp / "query.log")
@@ -252,6 +289,9 @@ def main() -> None:
                 server.terminate()
                 server.wait(30)
 
+        if "restore" not in steps:
+            return
+        (tmp / "restored.db").unlink(missing_ok=True)
         restored = f"sqlite:///{tmp / 'restored.db'}"
         restore_s, out = run_cli(["restore", "--from", str(tmp / "tlog"), "--db", restored,
                                   *trust], env, tmp / "restore.log")

@@ -4,7 +4,9 @@ Batches go to engines (``EngineClient``), one batch per engine at a time: with s
 engines, several batches run at once. As soon as a batch's tokens are out, the engine
 takes the next batch; the audit work of the finished batch (records, durable append)
 runs beside it, so auditing overlaps with generation instead of sitting between
-batches. A request's answer is released only after its record is committed. An engine
+batches. A request's answer is released only after its record is committed; a row
+whose record cannot be built is answered alone (``RowNotRecorded``), its batch mates'
+records unchanged. An engine
 that goes down fails the batch it held (``EngineDownError``: 503); while no engine is
 alive, requests are refused at once rather than held.
 
@@ -36,11 +38,12 @@ from inference_wrapper.audit.generator import (
     BatchResult,
     LogBinding,
     PreparedRequest,
+    RowNotRecorded,
     engine_batch,
     environment_leaf,
 )
 from inference_wrapper.engine.protocol import EngineClient, EngineDownError
-from ledger.errors import LedgerError, WorkerDiedError
+from ledger.errors import BackendUnavailableError, LedgerError, WorkerDiedError
 from ledger.leaves.record_v2 import EnvironmentRef
 from ledger.vault_errors import ContentNotKeptError
 
@@ -55,6 +58,12 @@ FILL_WINDOWS = 4  # a batch waits at most this many max_wait windows to fill
 # (5 ms by default) to get it back: measured on the tiny model, that stretched a 64 ms
 # generate by about 3 ms per batch. A 0.5 ms interval bounds each such wait.
 GIL_SWITCH_INTERVAL_S = 0.0005
+
+
+# A streamed request's completed record is appended again this many times, after
+# RETRY_BACKOFF_S, twice that, ..., on a transient database fault (text is already out).
+RECORD_RETRIES = 3
+RETRY_BACKOFF_S = 0.1
 
 
 def fill_deadline(started: float, latest_arrival: float, max_wait_s: float) -> float:
@@ -148,8 +157,10 @@ class Batcher:
         retain: RetainHook | None = None,
         retain_needed: RetainNeeded | None = None,
         gil_switch_interval_s: float | None = GIL_SWITCH_INTERVAL_S,
+        record_retries: int = RECORD_RETRIES,
     ) -> None:
         self.generator = generator
+        self.record_retries = record_retries
         self._switch_interval_s = gil_switch_interval_s  # None: leave the process's own
         self._restore_switch_interval: float | None = None
         self.retain = retain
@@ -401,15 +412,25 @@ class Batcher:
         try:
             if self.log is not None and self.log.ref_for(result.environment) is None:
                 await self.log_environment(result.environment)
-            outputs = await loop.run_in_executor(self._audit_thread, self.generator.seal, result,
-                                                 self.log)
-            start, start_ns = time.perf_counter(), time.time_ns()
-            receipts = await self.journal.append_many_async([o.record for o in outputs])
-            self._observe("append", time.perf_counter() - start)
-            append_span = (start_ns, time.time_ns())
+            sealed = await loop.run_in_executor(self._audit_thread, self.generator.seal, result,
+                                                self.log)
         except Exception as exc:
             self._finish(batch, exc)
             return
+        # A row whose record could not be built is answered alone; its batch mates go on.
+        kept: list[tuple[_Job, AuditedOutput]] = []
+        for job, item in zip(batch, sealed, strict=True):
+            if isinstance(item, RowNotRecorded):
+                self._finish([job], item.error)
+            else:
+                kept.append((job, item))
+        if not kept:
+            return
+        batch, outputs = [job for job, _ in kept], [output for _, output in kept]
+        start, start_ns = time.perf_counter(), time.time_ns()
+        receipts = await self._append(batch, outputs)
+        self._observe("append", time.perf_counter() - start)
+        append_span = (start_ns, time.time_ns())
         not_kept: Exception | None = None
         if self.retain is not None and self._should_retain(batch):
             durable = [(j.request, o, r) for j, o, r in zip(batch, outputs, receipts,
@@ -436,6 +457,38 @@ class Batcher:
         for name, value in result.timings_ms.items():
             self._observe(name, value / 1000.0)
 
+    async def _append(self, batch: list[_Job], outputs: list[AuditedOutput]
+                      ) -> list[Any | BaseException]:
+        """The records' durable append: each one's receipt or its error.
+
+        A streamed request's text is already out: its completed record is appended again
+        (at most ``record_retries`` times, backing off) while the database fault is
+        transient, before its stream ends with the error. An append that did commit
+        answers a repeat with its first receipt, so a retry never makes a second record.
+        Other rows have sent nothing: they are answered 503 at once, their callers retry.
+        """
+        records = [o.record for o in outputs]
+        receipts = await self._append_records(records)
+        for attempt in range(self.record_retries):
+            again = [i for i, (job, receipt) in enumerate(zip(batch, receipts, strict=True))
+                     if job.feed is not None and _transient(receipt)]
+            if not again:
+                break
+            log.warning("retrying the completed records of %d streamed requests after a "
+                        "transient database fault (attempt %d of %d)", len(again),
+                        attempt + 1, self.record_retries)
+            await asyncio.sleep(RETRY_BACKOFF_S * 2 ** attempt)
+            for i, receipt in zip(again, await self._append_records(
+                    [records[i] for i in again]), strict=True):
+                receipts[i] = receipt
+        return receipts
+
+    async def _append_records(self, records: list[Any]) -> list[Any | BaseException]:
+        try:
+            return list(await self.journal.append_many_async(records))
+        except Exception as exc:  # the ledger refused the whole group (closed, died)
+            return [exc] * len(records)
+
     def _should_retain(self, batch: list[_Job]) -> bool:
         if self.retain_needed is None:
             return True
@@ -458,6 +511,13 @@ class Batcher:
                 job.future.set_exception(outcome)
             else:
                 job.future.set_result(outcome)
+
+
+def _transient(outcome: Any) -> bool:
+    """A database fault a repeat may get past (a dropped connection, a lock timeout),
+    not a writer that died or a record the ledger refused."""
+    return (isinstance(outcome, BackendUnavailableError)
+            and not isinstance(outcome, WorkerDiedError))
 
 
 def _stepper(feeds: dict[int, TokenFeed]) -> Callable[[list[int | None]], None]:

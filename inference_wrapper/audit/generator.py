@@ -7,6 +7,8 @@ environment the engine captured. The model itself is never touched here.
 
 from __future__ import annotations
 
+import functools
+import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -22,6 +24,7 @@ from inference_wrapper.engine.params import GenerationParams, Limits, validate_p
 from inference_wrapper.engine.protocol import EngineBatch, EngineClient, EngineResult
 from ledger.canonical import Canonical, json_number
 from ledger.digest import commit_text, new_salt
+from ledger.errors import InvalidInputError
 from ledger.leaves.commitments import row_commitments
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.environment import build_environment, environment_sections
@@ -34,6 +37,8 @@ from ledger.record import (
     timings_json,
     utc_timestamp,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,46 @@ class AuditedOutput:
         """The record's members (a v2 leaf's body, a v1 record itself); both have
         ``data`` with the token counts, finish reason and generation parameters."""
         return self.record.content if isinstance(self.record, Leaf) else self.record.body
+
+
+class RecordNotBuiltError(InvalidInputError):
+    """This request's record could not be built (a value in it the record encoding
+    cannot hold, which validation should have refused): it alone is answered with this,
+    nothing is recorded for it, and its output is withheld. The text is fixed: the
+    builder's own error may quote the value."""
+
+    def __init__(self) -> None:
+        super().__init__("body", "holds a value its audit record cannot encode: nothing "
+                         "was recorded for this request and no output is returned")
+
+
+@dataclass(frozen=True)
+class RowNotRecorded:
+    """A row of a sealed batch whose record could not be built; its batch mates'
+    records are exactly what they would be without it."""
+
+    row: int
+    error: RecordNotBuiltError
+
+
+Sealed = AuditedOutput | RowNotRecorded
+
+
+def recorded(sealed: Sequence[Sealed]) -> list[AuditedOutput]:
+    """Every row's output, or the first row's error that has none."""
+    for item in sealed:
+        if isinstance(item, RowNotRecorded):
+            raise item.error
+    return [item for item in sealed if isinstance(item, AuditedOutput)]
+
+
+def _not_recorded(row: int, error: Exception) -> RowNotRecorded:
+    # The builder's message may quote the row's content: only its class is logged.
+    log.error("the record of row %d of a batch could not be built (%s); that row alone "
+              "is refused", row, type(error).__name__)
+    failed = RecordNotBuiltError()
+    failed.__cause__ = error
+    return RowNotRecorded(row, failed)
 
 
 class EnvironmentNotLoggedError(LookupError):
@@ -276,9 +321,12 @@ class AuditedGenerator:
         """The first engine's ``environment/v1`` leaf, to append before its first record."""
         return environment_leaf(self.environment())
 
-    def seal(self, batch: BatchResult, log: LogBinding | None = None) -> list[AuditedOutput]:
+    def seal(self, batch: BatchResult, log: LogBinding | None = None) -> list[Sealed]:
         """Turn a batch's results into one record per request: ``audit-record/v2`` leaves
-        for the log ``log`` names (decision 0026), v1 records without one."""
+        for the log ``log`` names (decision 0026), v1 records without one.
+
+        A row whose record cannot be built is ``RowNotRecorded`` in its place; it never
+        fails or changes another row's record (``recorded`` raises it instead)."""
         if log is None:
             return self._seal_v1(batch)
         environment = log.ref_for(batch.environment)
@@ -289,36 +337,61 @@ class AuditedGenerator:
         return self._seal_v2(batch, log.origin, environment)
 
     def _seal_v2(self, batch: BatchResult, origin: str,
-                 environment: EnvironmentRef) -> list[AuditedOutput]:
+                 environment: EnvironmentRef) -> list[Sealed]:
         result = batch.result
         padded_length = len(result.input_ids[0])
-        rows = []
+        size = len(batch.requests)
+        facts: dict[int, RowFacts] = {}
+        sealed: dict[int, Sealed] = {}
         for row, request in enumerate(batch.requests):
-            mask, ids = result.attention_mask[row], result.input_ids[row]
-            real = [token for token, kept in zip(ids, mask, strict=True) if kept]
-            rows.append(RowFacts(
-                tenant=request.tenant,
-                commitments=row_commitments(
-                    input_salt=request.input_salt, output_salt=request.output_salt,
-                    prompt=request.prompt, input_ids=real, output=result.texts[row],
-                    output_ids=result.output_ids[row], stop=request.stop, user=request.user,
-                    user_salt=request.user_salt),
-                input_token_count=len(real), output_token_count=len(result.output_ids[row]),
-                truncated=result.truncated[row], finish_reason=result.finish_reasons[row],
-                padding_count=padded_length - len(real), parse_ms=request.parse_ms,
-                stream_start_record_id=request.stream_start_id))
-        leaves = build_records_v2(
-            origin=origin, engine=str(batch.environment["engine"]), environment=environment,
+            try:
+                facts[row] = self._row_facts(result, row, request, padded_length)
+            except Exception as exc:  # a value the commitments cannot encode
+                sealed[row] = _not_recorded(row, exc)
+        build = functools.partial(
+            build_records_v2, origin=origin, engine=str(batch.environment["engine"]),
+            environment=environment,
             batch_id=uuid.uuid4().hex,  # lets an auditor regroup the records of one generate
             padded_length=padded_length, padding_side=self.contract.padding_side,
-            generation=result.params.to_dict(), timings_ms=result.timings_ms, rows=rows,
-            gpu_sample=result.gpu_sample)
-        return [AuditedOutput(result.texts[row], leaf, request.input_salt, request.output_salt,
-                              result.output_ids[row],
-                              request.user_salt if request.user is not None else None)
-                for row, (request, leaf) in enumerate(zip(batch.requests, leaves, strict=True))]
+            generation=result.params.to_dict(), timings_ms=result.timings_ms,
+            gpu_sample=result.gpu_sample, created_at=utc_timestamp(), batch_size=size)
+        try:
+            leaves = dict(zip(facts, build(rows=list(facts.values())), strict=True))
+        except Exception:
+            # Some row's record cannot be built: each row alone, so that row alone fails;
+            # the others' records are the same bodies (stated batch size and row numbers).
+            leaves = {}
+            for row, row_facts in facts.items():
+                try:
+                    (leaves[row],) = build(rows=[row_facts])
+                except Exception as exc:
+                    sealed[row] = _not_recorded(row, exc)
+        for row, leaf in leaves.items():
+            request = batch.requests[row]
+            sealed[row] = AuditedOutput(
+                result.texts[row], leaf, request.input_salt, request.output_salt,
+                result.output_ids[row],
+                request.user_salt if request.user is not None else None)
+        return [sealed[row] for row in range(size)]
 
-    def _seal_v1(self, batch: BatchResult) -> list[AuditedOutput]:
+    @staticmethod
+    def _row_facts(result: EngineResult, row: int, request: PreparedRequest,
+                   padded_length: int) -> RowFacts:
+        mask, ids = result.attention_mask[row], result.input_ids[row]
+        real = [token for token, kept in zip(ids, mask, strict=True) if kept]
+        return RowFacts(
+            tenant=request.tenant,
+            commitments=row_commitments(
+                input_salt=request.input_salt, output_salt=request.output_salt,
+                prompt=request.prompt, input_ids=real, output=result.texts[row],
+                output_ids=result.output_ids[row], stop=request.stop, user=request.user,
+                user_salt=request.user_salt),
+            input_token_count=len(real), output_token_count=len(result.output_ids[row]),
+            truncated=result.truncated[row], finish_reason=result.finish_reasons[row],
+            padding_count=padded_length - len(real), parse_ms=request.parse_ms,
+            stream_start_record_id=request.stream_start_id, row=row)
+
+    def _seal_v1(self, batch: BatchResult) -> list[Sealed]:
         """``audit-record/v1`` records (a generator not sealing for a log).
 
         The rows' records share every leaf but those in ``ROW_LEAVES`` (and the optional
@@ -335,71 +408,82 @@ class AuditedGenerator:
                       for k, v in result.params.to_dict().items()}  # same bytes, fast path
         timings = timings_json(result.timings_ms)
         family = RecordFamily(sections, ROW_LEAVES)
-        padding_side, multiple = self.contract.padding_side, self.contract.pad_to_multiple_of
         model, hardware, software = (sections["model"].value, sections["hardware"].value,
                                      sections["software"].value)
-        results = []
+        results: list[Sealed] = []
         for row, request in enumerate(request_list):
-            mask = result.attention_mask[row]
-            real = sum(mask)
-            padding = padded_length - real
-            text = result.texts[row]
-            output_ids = result.output_ids[row]
-            data = DataFingerprint(
-                input_commitment=commit_text(request.input_salt, request.prompt),
-                input_bytes=len(request.prompt.encode("utf-8")),
-                input_shape=[rows, padded_length],
-                input_ids_digest=token_ids_digest(result.input_ids[row]),
-                input_token_count=real,
-                truncated=result.truncated[row],
-                attention_mask=MaskPattern(
-                    length=padded_length,
-                    real_tokens=real,
-                    padding=padding,
-                    padding_side=padding_side,
-                    digest=token_ids_digest(mask),
-                ),
-                output_ids_digest=token_ids_digest(output_ids),
-                output_token_count=len(output_ids),
-                output_commitment=commit_text(request.output_salt, text),
-                finish_reason=result.finish_reasons[row],
-                generation=generation,
-                batch={
-                    "id": batch_id,
-                    "size": rows,
-                    "row": row,
-                    "padded_length": padded_length,
-                    "pad_to_multiple_of": multiple,
-                    "padding_applied": padding,
-                    "engine": result.engine_id,
-                },
-            )
-            data_members = data.to_dict()
-            # Present only when asked for, so records without them keep their old shape.
-            optional: tuple[str, ...] = ()
-            if request.stop:
-                data_members["stop"] = list(request.stop)
-                optional += ("data.stop",)
-            if request.user is not None:
-                data_members["user_commitment"] = commit_text(request.user_salt, request.user)
-                optional += ("data.user_commitment",)
-            if result.gpu_sample is not None:  # a GPU engine: the batch's NVML sample
-                data_members["gpu_sample"] = result.gpu_sample
-                optional += ("data.gpu_sample",)
-            if request.stream_start_id is not None:
-                data_members["stream_start_record_id"] = request.stream_start_id
-                optional += ("data.stream_start_record_id",)
-            body = record_members(
-                tenant=request.tenant, model=model, hardware=hardware, software=software,
-                data=data_members, created_at=created_at,
-                timings_ms={**timings, **timings_json({"parse": request.parse_ms})})
-            results.append(
-                AuditedOutput(text, family.record(body, optional), request.input_salt,
-                              request.output_salt, output_ids,
-                              request.user_salt if request.user is not None else None)
-            )
+            try:
+                results.append(self._v1_row(
+                    family, request, result, row, rows, padded_length, batch_id, created_at,
+                    generation, timings, (model, hardware, software)))
+            except Exception as exc:  # this row alone: the family keeps no state of it
+                results.append(_not_recorded(row, exc))
         family.check_last()  # a per-row leaf missing from ROW_LEAVES fails loudly here
         return results
+
+    def _v1_row(self, family: RecordFamily, request: PreparedRequest, result: EngineResult,
+                row: int, rows: int, padded_length: int, batch_id: str, created_at: str,
+                generation: dict[str, Any], timings: dict[str, Any],
+                environment: tuple[Any, Any, Any]) -> AuditedOutput:
+        """One row's v1 record, through the batch's ``family``."""
+        model, hardware, software = environment
+        padding_side, multiple = self.contract.padding_side, self.contract.pad_to_multiple_of
+        mask = result.attention_mask[row]
+        real = sum(mask)
+        padding = padded_length - real
+        text = result.texts[row]
+        output_ids = result.output_ids[row]
+        data = DataFingerprint(
+            input_commitment=commit_text(request.input_salt, request.prompt),
+            input_bytes=len(request.prompt.encode("utf-8")),
+            input_shape=[rows, padded_length],
+            input_ids_digest=token_ids_digest(result.input_ids[row]),
+            input_token_count=real,
+            truncated=result.truncated[row],
+            attention_mask=MaskPattern(
+                length=padded_length,
+                real_tokens=real,
+                padding=padding,
+                padding_side=padding_side,
+                digest=token_ids_digest(mask),
+            ),
+            output_ids_digest=token_ids_digest(output_ids),
+            output_token_count=len(output_ids),
+            output_commitment=commit_text(request.output_salt, text),
+            finish_reason=result.finish_reasons[row],
+            generation=generation,
+            batch={
+                "id": batch_id,
+                "size": rows,
+                "row": row,
+                "padded_length": padded_length,
+                "pad_to_multiple_of": multiple,
+                "padding_applied": padding,
+                "engine": result.engine_id,
+            },
+        )
+        data_members = data.to_dict()
+        # Present only when asked for, so records without them keep their old shape.
+        optional: tuple[str, ...] = ()
+        if request.stop:
+            data_members["stop"] = list(request.stop)
+            optional += ("data.stop",)
+        if request.user is not None:
+            data_members["user_commitment"] = commit_text(request.user_salt, request.user)
+            optional += ("data.user_commitment",)
+        if result.gpu_sample is not None:  # a GPU engine: the batch's NVML sample
+            data_members["gpu_sample"] = result.gpu_sample
+            optional += ("data.gpu_sample",)
+        if request.stream_start_id is not None:
+            data_members["stream_start_record_id"] = request.stream_start_id
+            optional += ("data.stream_start_record_id",)
+        body = record_members(
+            tenant=request.tenant, model=model, hardware=hardware, software=software,
+            data=data_members, created_at=created_at,
+            timings_ms={**timings, **timings_json({"parse": request.parse_ms})})
+        return AuditedOutput(text, family.record(body, optional), request.input_salt,
+                             request.output_salt, output_ids,
+                             request.user_salt if request.user is not None else None)
 
     def stream_start(self, request: PreparedRequest, route: str) -> AuditRecord:
         """The start record of a streamed request: input commitment, fingerprints and
@@ -413,7 +497,7 @@ class AuditedGenerator:
     # --- conveniences ---------------------------------------------------------------
 
     def generate_batch(self, requests: Sequence[PreparedRequest]) -> list[AuditedOutput]:
-        return self.seal(self.run_batch(requests))
+        return recorded(self.seal(self.run_batch(requests)))
 
     def generate(
         self, prompt: Any, params: GenerationParams | None = None, tenant: str = "local"

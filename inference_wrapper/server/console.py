@@ -19,7 +19,7 @@ import json
 import math
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from html import escape
 from typing import Any
@@ -34,6 +34,7 @@ from inference_wrapper.server.console_pages import (
     SECURITY_HEADERS,
     error_main,
     evidence_dict,
+    invisible,
     mirror_rows,
     operator_hosted_notice,
     page_html,
@@ -52,7 +53,7 @@ from inference_wrapper.server.console_plots import (
     line_chart_svg,
     mean_batch_size,
     per_minute,
-    phase_percentiles,
+    phase_charts_svg,
     timeline_svg,
 )
 from inference_wrapper.server.console_sessions import (
@@ -66,13 +67,15 @@ from inference_wrapper.server.console_sessions import (
     session_secret,
 )
 from inference_wrapper.server.validation import MAX_QUERY_INT
-from ledger.client.bundle_stream import bundle_chunks, count_matching
+from ledger.client.bundle_stream import bundle_chunks
 from ledger.client.database import DatabaseSource
 from ledger.client.sources import RecordNotFoundError, gather
 from ledger.errors import BackendError, InvalidInputError
 from ledger.leaves.mirror import LOG_WIDE_TENANT
+from ledger.store.log_api import RecordRow
+from ledger.store.mirror import PARTIAL_FILTERS, MirrorPage, decode_position
 from ledger.store.schema import anchors, api_keys, checkpoints
-from ledger.store.sql import QUERY_FILTERS, RecordRow, SqlLedger, decode_cursor
+from ledger.store.sql import SqlLedger
 
 SESSION_COOKIE = "alc_session"
 LOGIN_COOKIE = "alc_login_csrf"
@@ -82,9 +85,12 @@ PAGE_LIMIT_MAX = 500
 CSV_PAGE = 1000
 PLOT_MAX_RECORDS = 50_000
 BUNDLE_MAX_RECORDS = 100_000  # about 150 MB of JSON; larger exports: `audit-ledger export`
-FILTER_LABELS = {"tenant": "tenant", "model_digest": "model digest",
+FILTER_LABELS = {"tenant": "tenant", "model_name": "model", "model_digest": "model digest",
                  "accelerator_model": "accelerator", "driver_version": "driver",
                  "service_revision": "service revision"}
+MATCHES = {"part": "any part of the name", "whole": "the whole name"}
+SORTS = {"-time": "newest first", "time": "oldest first", "leaf": "log order"}
+DEFAULT_ORDER = "leaf"
 CSV_COLUMNS = ("leaf_index", "record_id", "created_at", "tenant", "model_name",
                "model_digest", "accelerator", "accelerator_model", "driver_version",
                "torch_version", "service_revision", "checkpoint_size", "anchor_ref")
@@ -246,15 +252,35 @@ def _text(value: object) -> str:
 class Search:
     since: datetime | None
     until: datetime | None
-    filters: dict[str, str | None]
+    filters: dict[str, str | None]  # exact
     limit: int
     cursor: str | None
+    contains: dict[str, str] = field(default_factory=dict)  # a part of each name
+    order: str = DEFAULT_ORDER
+    match: str = "part"
 
     def query_string(self, **extra: str) -> str:
         pairs = {"since": self.since.isoformat() if self.since else None,
                  "until": self.until.isoformat() if self.until else None,
-                 **self.filters, "limit": str(self.limit), **extra}
+                 **{k: visible(v) if v else v for k, v in self.filters.items()},
+                 **{k: visible(v) for k, v in self.contains.items()},
+                 "match": self.match, "sort": self.order, "limit": str(self.limit), **extra}
         return urlencode({k: v for k, v in pairs.items() if v})
+
+    def typed(self) -> dict[str, str]:
+        """The form's fields as the auditor sees them (control characters visible)."""
+        return {"since": _iso(self.since), "until": _iso(self.until),
+                "limit": str(self.limit), "match": self.match, "sort": self.order,
+                **{k: visible(v or "") for k, v in {**self.filters, **self.contains}.items()}}
+
+    def page(self, ledger: SqlLedger, limit: int, cursor: str | None) -> MirrorPage:
+        return ledger.mirror.page(since=self.since, until=self.until, limit=limit,
+                                  cursor=cursor, order=self.order, filters=self.filters,
+                                  contains=self.contains)
+
+    def count(self, ledger: SqlLedger) -> int:
+        return ledger.mirror.count(since=self.since, until=self.until, filters=self.filters,
+                                   contains=self.contains)
 
 
 class BadField(Exception):
@@ -293,7 +319,18 @@ def parse_search(query: Any, scope: str | None = None) -> Search:
     raw_limit = (query.get("limit") or "50").strip()
     if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= PAGE_LIMIT_MAX:
         raise BadField("limit", f"must be a whole number from 1 to {PAGE_LIMIT_MAX}")
-    filters = {name: (query.get(name) or "").strip() or None for name in QUERY_FILTERS}
+    match = (query.get("match") or "part").strip()
+    if match not in MATCHES:
+        raise BadField("match", f"must be one of {', '.join(MATCHES)}")
+    order = (query.get("sort") or DEFAULT_ORDER).strip()
+    if order not in SORTS:
+        raise BadField("sort", f"must be one of {', '.join(SORTS)}")
+    # What the list shows ("<U+202E>") is what the auditor types back: the character.
+    typed = {name: invisible((query.get(name) or "").strip()) or None
+             for name in FILTER_LABELS}
+    contains = ({name: typed[name] or "" for name in PARTIAL_FILTERS if typed[name]}
+                if match == "part" else {})
+    filters = {name: typed[name] for name in FILTER_LABELS if name not in contains}
     if scope is not None:
         if filters["tenant"] not in (None, scope):
             raise OutOfScope(scope)
@@ -301,31 +338,27 @@ def parse_search(query: Any, scope: str | None = None) -> Search:
     cursor = (query.get("cursor") or "").strip() or None
     if cursor is not None:
         try:
-            position = decode_cursor(cursor)
+            place = decode_position(cursor)
         except InvalidInputError as exc:
             raise BadField("cursor", exc.reason) from exc
-        if position > MAX_QUERY_INT:  # a forged cursor must not overflow the SQL integer
+        if place.leaf_index > MAX_QUERY_INT:  # a forged cursor must not overflow SQL
             raise BadField("cursor", "is not a cursor this service issued")
-    return Search(when("since"), when("until"), filters, int(raw_limit), cursor)
-
-
-def _run_query(ledger: SqlLedger, search: Search, limit: int,
-               cursor: str | None) -> tuple[list[RecordRow], str | None]:
-    return ledger.query(since=search.since, until=search.until, limit=limit, cursor=cursor,
-                        **search.filters)
+        if place.order != order:
+            raise BadField("cursor", "belongs to another sort order; search again")
+    return Search(when("since"), when("until"), filters, int(raw_limit), cursor, contains,
+                  order, match)
 
 
 async def search_page(request: web.Request) -> web.Response:
     session = await current_session(request)
     if session is None:
         return _to_login()
+    ledger = request.app[LEDGER]
+    known = await asyncio.to_thread(ledger.mirror.known_values, session.scope)
     try:
         search = parse_search(request.query, session.scope)
-        rows, next_cursor = await asyncio.to_thread(
-            _run_query, request.app[LEDGER], search, search.limit, search.cursor)
-        filters = {k: v for k, v in search.filters.items() if v is not None}
-        total = await asyncio.to_thread(count_matching, request.app[LEDGER], search.since,
-                                        search.until, filters)
+        found = await asyncio.to_thread(search.page, ledger, search.limit, search.cursor)
+        total = await asyncio.to_thread(search.count, ledger)
     except (BadField, InvalidInputError) as exc:
         # The form comes back as it was typed, with the error beside it.
         status = 403 if isinstance(exc, OutOfScope) else 400
@@ -333,27 +366,50 @@ async def search_page(request: web.Request) -> web.Response:
                   f'data-field="{escape(exc.field or "")}"><p>{shown(exc.reason)} '
                   f'<span class="field">field: <code>{escape(exc.field or "")}</code></span>'
                   "</p></section>")
-        return page("Bad search", notice + _search_main(request.query, [], None, None, ""),
-                    session, status)
-    typed = {"since": _iso(search.since), "until": _iso(search.until),
-             "limit": str(search.limit),
-             **{k: v or "" for k, v in search.filters.items()}}
-    more = (f'<a id="next-page" href="/console?{escape(search.query_string(cursor=next_cursor))}">'
-            "next page</a>" if next_cursor else "")
-    return page("Records", _search_main(typed, rows, total, search, more), session)
+        return page("Bad search", notice + _search_main(request.query, known, [], None, None,
+                                                        ""), session, status)
+    links = [f'<a id="{name}-page" href="/console?{escape(search.query_string(cursor=c))}">'
+             f"{label}</a>" for name, label, c in
+             (("previous", "previous page", found.previous_cursor),
+              ("next", "next page", found.next_cursor)) if c]
+    return page("Records", _search_main(search.typed(), known, found.rows, total, search,
+                                        " · ".join(links)), session)
 
 
 def _iso(moment: datetime | None) -> str:
     return moment.strftime("%Y-%m-%dT%H:%MZ") if moment else ""
 
 
-def _search_main(typed: Any, rows: list[RecordRow], total: int | None, search: Search | None,
-                 more: str) -> str:
+def _choice(name: str, label: str, options: dict[str, str], chosen: str) -> str:
+    return (f'<label>{escape(label)} <select name="{name}" id="{name}">'
+            + "".join(f'<option value="{escape(value)}"'
+                      f'{" selected" if value == chosen else ""}>{escape(text)}</option>'
+                      for value, text in options.items())
+            + "</select></label>")
+
+
+def search_inputs(typed: Any, known: dict[str, list[str]]) -> str:
+    """The filter fields, each with a pick-list of the values the mirror knows (for this
+    session's tenants; control characters shown, as the list shows them), and the match
+    and sort choices."""
+    fields = []
+    for name, label in FILTER_LABELS.items():
+        values = known.get(name)
+        listed = ""
+        if values is not None:
+            listed = (f' list="known-{name}"><datalist id="known-{name}">'
+                      + "".join(f'<option value="{shown(v)}">' for v in values)
+                      + "</datalist")
+        fields.append(f'<label>{escape(label)} <input id="filter-{name}" name="{name}" '
+                      f'value="{escape(typed.get(name) or "")}"{listed}></label>')
+    return ("".join(fields)
+            + _choice("match", "names match", MATCHES, typed.get("match") or "part")
+            + _choice("sort", "sort", SORTS, typed.get("sort") or DEFAULT_ORDER))
+
+
+def _search_main(typed: Any, known: dict[str, list[str]], rows: list[RecordRow],
+                 total: int | None, search: Search | None, more: str) -> str:
     """The search form with what was typed, and the results (none after an error)."""
-    inputs = "".join(
-        f'<label>{escape(label)} <input name="{name}" '
-        f'value="{escape(typed.get(name) or "")}"></label>'
-        for name, label in FILTER_LABELS.items())
     exports = ""
     if search is not None:
         query = search.query_string()
@@ -363,7 +419,7 @@ def _search_main(typed: Any, rows: list[RecordRow], total: int | None, search: S
                    "as an evidence bundle</a>")
     return template("search.html").substitute(
         since=escape(typed.get("since") or ""), until=escape(typed.get("until") or ""),
-        limit=escape(typed.get("limit") or "50"), inputs=inputs,
+        limit=escape(typed.get("limit") or "50"), inputs=search_inputs(typed, known),
         rows="".join(result_row(mirror_json(row)) for row in rows), count=len(rows),
         total="" if total is None else f' of <span id="total-count">{total}</span> matching',
         more=more, exports=exports)
@@ -378,7 +434,8 @@ def mirror_json(row: RecordRow) -> dict[str, Any]:
 
 def csv_name(search: Search) -> str:
     """A file name that says what was exported: tenant, filters and range, safe chars."""
-    parts = ["audit-records", *(v for v in search.filters.values() if v)]
+    parts = ["audit-records", *(v for v in search.filters.values() if v),
+             *search.contains.values()]
     if search.since:
         parts.append("from-" + search.since.strftime("%Y%m%dT%H%M"))
     if search.until:
@@ -413,8 +470,7 @@ async def export_csv(request: web.Request) -> web.StreamResponse:
         return _to_login()
     try:
         search = parse_search(request.query, session.scope)
-        rows, cursor = await asyncio.to_thread(_run_query, request.app[LEDGER], search,
-                                               CSV_PAGE, None)
+        found = await asyncio.to_thread(search.page, request.app[LEDGER], CSV_PAGE, None)
     except (BadField, InvalidInputError) as exc:
         return search_error(exc, session)
     response = web.StreamResponse(headers={
@@ -423,11 +479,11 @@ async def export_csv(request: web.Request) -> web.StreamResponse:
         **SECURITY_HEADERS})
     await response.prepare(request)
     # A byte order mark: spreadsheets then read UTF-8 ("Société Générale" stays intact).
-    await response.write(b"\xef\xbb\xbf" + csv_lines(rows, header=True).encode())
-    while cursor is not None:  # every matching row, a page at a time
-        rows, cursor = await asyncio.to_thread(_run_query, request.app[LEDGER], search,
-                                               CSV_PAGE, cursor)
-        await response.write(csv_lines(rows, header=False).encode())
+    await response.write(b"\xef\xbb\xbf" + csv_lines(found.rows, header=True).encode())
+    while found.next_cursor is not None:  # every matching row, a page at a time
+        found = await asyncio.to_thread(search.page, request.app[LEDGER], CSV_PAGE,
+                                        found.next_cursor)
+        await response.write(csv_lines(found.rows, header=False).encode())
     await response.write_eof()
     return response
 
@@ -446,15 +502,14 @@ async def export_bundle(request: web.Request) -> web.StreamResponse:
         return search_error(exc, session)
     ledger = request.app[LEDGER]
     filters = {k: v for k, v in search.filters.items() if v is not None}
-    matching = await asyncio.to_thread(count_matching, ledger, search.since, search.until,
-                                       filters)
+    matching = await asyncio.to_thread(search.count, ledger)
     if matching > BUNDLE_MAX_RECORDS:
         return error_page(422, "Too many records for one bundle",
                           f"this search matches {matching} records; a bundle from the console "
                           f"holds at most {BUNDLE_MAX_RECORDS}: narrow the time range, or "
                           "use `audit-ledger export`", session, field="until")
     await asyncio.to_thread(request.app[INTEGRATOR].seal_now)  # cover the newest records
-    chunks = bundle_chunks(ledger, search.since, search.until, filters)
+    chunks = bundle_chunks(ledger, search.since, search.until, filters, search.contains)
     try:
         first = await asyncio.to_thread(next, chunks)
     except BackendError:
@@ -520,8 +575,8 @@ def _plot_points(ledger: SqlLedger, since: datetime, until: datetime,
     points: list[Point] = []
     cursor: str | None = None
     while len(points) < PLOT_MAX_RECORDS:
-        rows, cursor = ledger.query(since=since, until=until, limit=5000, cursor=cursor,
-                                    tenant=tenant)
+        rows, cursor = ledger.mirror.query(since=since, until=until, limit=5000, cursor=cursor,
+                                           tenant=tenant)
         # An engine's environment leaf is no request: it has no point on the plots.
         points.extend(Point.from_record(r.created_at, r.columns, json.loads(r.leaf_body))
                       for r in rows if r.tenant != LOG_WIDE_TENANT)
@@ -559,8 +614,8 @@ async def plots_page(request: web.Request) -> web.Response:
     labels = dict(TIMELINE_FIELDS)
     change_rows = "".join(
         f'<tr class="change-row"><td>{c.at:%Y-%m-%d %H:%M:%S} UTC</td>'
-        f"<td>{escape(labels[c.field])}</td><td><code>{escape(c.before)}</code></td>"
-        f"<td>{c.records_before}</td><td><code>{escape(c.after)}</code></td>"
+        f"<td>{escape(labels[c.field])}</td><td><code>{shown(c.before)}</code></td>"
+        f"<td>{c.records_before}</td><td><code>{shown(c.after)}</code></td>"
         f"<td>{c.records_after}</td></tr>" for c in changes)
     capped = (f"<p>Only the first {PLOT_MAX_RECORDS} records of the range are plotted.</p>"
               if len(points) >= PLOT_MAX_RECORDS else "")
@@ -569,8 +624,8 @@ async def plots_page(request: web.Request) -> web.Response:
         until=escape(until.isoformat(timespec="minutes")), count=len(points), capped=capped,
         rpm=bar_chart_svg(per_minute(points), title="records (requests) per minute"),
         timeline=timeline_svg(points, changes), change_rows=change_rows,
-        latency=line_chart_svg(phase_percentiles(points), title="latency per phase, p50 and "
-                               "p99 per minute (from the records' timings)", unit="ms"),
+        latency=phase_charts_svg(points, title="p50 and p99 per minute (from the records' "
+                                 "timings)"),
         batch=line_chart_svg({"mean batch size": mean_batch_size(points)},
                              title="mean batch size per minute", unit=""),
         anchor_lag=line_chart_svg({"seal to anchor": lag},

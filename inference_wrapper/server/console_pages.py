@@ -45,6 +45,18 @@ def visible(value: object) -> str:
     return _INVISIBLE.sub(lambda m: f"<U+{ord(m.group()):04X}>", str(value))
 
 
+_SPELLED = re.compile(r"<U\+([0-9A-F]{4})>")
+
+
+def invisible(text: str) -> str:
+    """``visible`` undone, for the characters it spells only: what an auditor copies from
+    the list (or picks from a pick-list) finds the record that holds the character."""
+    def back(match: re.Match[str]) -> str:
+        char = chr(int(match.group(1), 16))
+        return char if _INVISIBLE.fullmatch(char) else match.group()
+    return _SPELLED.sub(back, text)
+
+
 def shown(value: object) -> str:
     """Untrusted text for HTML: control characters made visible, then escaped."""
     return escape(visible(value))

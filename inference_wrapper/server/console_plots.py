@@ -1,7 +1,9 @@
 """The console's plots, computed from mirror rows and drawn as server-side SVG.
 
 No I/O and no JavaScript: rows in, SVG text out (docs/decisions/0019). Every label is
-escaped, because tenant names and revisions come from the records.
+escaped with its control and bidi characters spelled out (``visible``), because tenant
+names, phases and revisions come from the records. Values carry human units ("1.39 s",
+not "1.39e+03 ms") and the time axis has ticks on round UTC times.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from html import escape
+from datetime import datetime, timedelta
+from html import escape as _escape
 from typing import Any
+
+from inference_wrapper.server.console_pages import visible
 
 # The fingerprint columns whose changes the timeline shows, with their labels.
 TIMELINE_FIELDS = (
@@ -21,6 +25,71 @@ TIMELINE_FIELDS = (
     ("torch_version", "torch"),
     ("service_revision", "service revision"),
 )
+
+
+# Tick steps on the time axis, the smallest that gives at most MAX_TICKS ticks.
+TICK_STEPS = tuple(timedelta(seconds=s) for s in (
+    1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200,
+    86400, 172800, 604800))
+MAX_TICKS = 7
+
+
+def escape(text: object) -> str:
+    """Untrusted text for SVG: control and bidi characters spelled, then escaped."""
+    return _escape(visible(text))
+
+
+def human(value: float, unit: str) -> str:
+    """A value with a unit a reader takes in at a glance: 1390 ms is "1.39 s", 0.2 ms is
+    "200 µs", 95 s is "1.58 min"; counts keep their digits ("1,234")."""
+    if unit in ("ms", "s"):
+        ms = value * 1000 if unit == "s" else value
+        for size, name in ((60_000.0, "min"), (1000.0, "s"), (1.0, "ms")):
+            if abs(ms) >= size:
+                return f"{ms / size:.3g} {name}"
+        return "0 ms" if ms == 0 else f"{ms * 1000:.3g} µs"
+    text = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+    return f"{text} {unit}".strip()
+
+
+def time_ticks(start: datetime, end: datetime) -> list[datetime]:
+    """Round UTC times from ``start`` to ``end``: every step of the first size in
+    ``TICK_STEPS`` that gives at most ``MAX_TICKS`` of them."""
+    span = end - start
+    step = next((s for s in TICK_STEPS if span / s <= MAX_TICKS), TICK_STEPS[-1])
+    seconds = int(step.total_seconds())
+    first = start.replace(microsecond=0)
+    epoch = datetime(1970, 1, 1, tzinfo=start.tzinfo)
+    offset = int((first - epoch).total_seconds())
+    tick = epoch + timedelta(seconds=-(-offset // seconds) * seconds)
+    ticks = []
+    while tick <= end:
+        ticks.append(tick)
+        tick += step
+    return ticks
+
+
+def tick_label(moment: datetime, step: timedelta) -> str:
+    if step < timedelta(minutes=1):
+        return f"{moment:%H:%M:%S}"
+    if step < timedelta(days=1) and moment.hour + moment.minute:
+        return f"{moment:%H:%M}"
+    return f"{moment:%m-%d %H:%M}"
+
+
+def _time_axis(start: datetime, end: datetime, left: float, plot_w: float, y: float
+               ) -> str:
+    """Tick marks and labels along the time axis, and the span's dates in full."""
+    span = max((end - start).total_seconds(), 1.0)
+    ticks = time_ticks(start, end)
+    step = ticks[1] - ticks[0] if len(ticks) > 1 else timedelta(minutes=1)
+    parts = []
+    for tick in ticks:
+        x = left + plot_w * (tick - start).total_seconds() / span
+        parts.append(f'<line class="tick" x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}" '
+                     f'stroke="#555"/><text class="tick-label" x="{x:.1f}" y="{y + 14}" '
+                     f'text-anchor="middle">{tick_label(tick, step)}</text>')
+    return "".join(parts)
 
 
 @dataclass(frozen=True)
@@ -89,6 +158,15 @@ def phase_percentiles(points: Iterable[Point]) -> dict[str, list[tuple[datetime,
     return series
 
 
+def per_phase(series: Mapping[str, Sequence[tuple[datetime, float]]]
+              ) -> dict[str, dict[str, Sequence[tuple[datetime, float]]]]:
+    """``phase_percentiles``' lines grouped by phase (one plot each), labels kept."""
+    grouped: dict[str, dict[str, Sequence[tuple[datetime, float]]]] = {}
+    for label, values in series.items():
+        grouped.setdefault(label.rpartition(" ")[0], {})[label] = values
+    return grouped
+
+
 def mean_batch_size(points: Iterable[Point]) -> list[tuple[datetime, float]]:
     """Mean recorded batch size per minute (records without one are left out)."""
     sums: dict[datetime, list[int]] = {}
@@ -101,10 +179,11 @@ def mean_batch_size(points: Iterable[Point]) -> list[tuple[datetime, float]]:
 
 def line_chart_svg(series: Mapping[str, Sequence[tuple[datetime, float]]], *, title: str,
                    unit: str, width: int = 720, height: int = 240) -> str:
-    """Lines over time on one shared scale, with a legend; labels escaped."""
+    """Lines over time on one shared scale, with a legend, a value axis in human units
+    and time ticks; labels escaped."""
     colours = ("#3b6ea5", "#c0392b", "#2e8b57", "#8e44ad", "#d4a017", "#555555",
                "#16a085", "#e67e22", "#7f8c8d", "#2c3e50")
-    left, bottom, top = 56, 28, 24
+    left, bottom, top = 64, 40, 24
     plot_w, plot_h = width - left - 150, height - bottom - top
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" role="img" class="plot" '
              f'width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
@@ -119,28 +198,43 @@ def line_chart_svg(series: Mapping[str, Sequence[tuple[datetime, float]]], *, ti
     span = max((end - start).total_seconds(), 1.0)
     peak = max(v for _, v in points) or 1.0
 
-    def xy(moment: datetime, value: float) -> str:
-        x = left + plot_w * (moment - start).total_seconds() / span
-        return f"{x:.1f},{top + plot_h - plot_h * value / peak:.1f}"
+    def xy(moment: datetime, value: float) -> tuple[float, float]:
+        return (left + plot_w * (moment - start).total_seconds() / span,
+                top + plot_h - plot_h * value / peak)
 
+    for fraction in (0.0, 0.5, 1.0):  # the value axis: 0, half the peak, the peak
+        y = top + plot_h - plot_h * fraction
+        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" '
+                     f'stroke="#e4e4e4"/><text class="value-label" x="{left - 4}" '
+                     f'y="{y + 4:.1f}" text-anchor="end">{escape(human(peak * fraction, unit))}'
+                     "</text>")
     for i, (label, values) in enumerate(series.items()):
         colour = colours[i % len(colours)]
-        line = " ".join(xy(m, v) for m, v in values)
+        line = " ".join("{:.1f},{:.1f}".format(*xy(m, v)) for m, v in values)
         parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
                      f'points="{line}"><title>{escape(label)}</title></polyline>')
-        parts.extend(f'<circle cx="{xy(m, v).split(",")[0]}" cy="{xy(m, v).split(",")[1]}" '
-                     f'r="2" fill="{colour}"><title>{escape(label)} {m:%H:%M}: '
-                     f"{v:.3g} {escape(unit)}</title></circle>" for m, v in values)
+        parts.extend('<circle cx="{:.1f}" cy="{:.1f}" '.format(*xy(m, v))
+                     + f'r="2" fill="{colour}"><title>{escape(label)} {m:%H:%M}: '
+                     f"{escape(human(v, unit))}</title></circle>" for m, v in values)
         parts.append(f'<text x="{left + plot_w + 10}" y="{top + 12 + 14 * i}" '
                      f'fill="{colour}">{escape(label)}</text>')
     parts.append(f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" '
                  f'y2="{top + plot_h}" stroke="#555"/>'
-                 f'<text x="4" y="{top + 10}">{peak:.3g} {escape(unit)}</text>'
-                 f'<text x="4" y="{top + plot_h}">0</text>'
-                 f'<text x="{left}" y="{height - 8}">{start:%Y-%m-%d %H:%M}</text>'
-                 f'<text x="{left + plot_w}" y="{height - 8}" text-anchor="end">'
-                 f"{end:%Y-%m-%d %H:%M} UTC</text>")
+                 + _time_axis(start, end, left, plot_w, top + plot_h)
+                 + f'<text x="{left + plot_w}" y="{height - 4}" text-anchor="end">'
+                 f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC</text>")
     return "".join(parts) + "</svg>"
+
+
+def phase_charts_svg(points: Iterable[Point], *, title: str) -> str:
+    """One plot per recorded phase (and their total): p50 and p99 per minute."""
+    grouped = per_phase(phase_percentiles(points))
+    if not grouped:
+        return line_chart_svg({}, title=title, unit="ms")
+    return "".join(
+        f'<div class="phase" data-phase="{escape(phase)}">'
+        + line_chart_svg(lines, title=f"{phase}: {title}", unit="ms") + "</div>"
+        for phase, lines in sorted(grouped.items(), key=lambda kv: (kv[0] == "total", kv[0])))
 
 
 def fingerprint_changes(points: Sequence[Point]) -> list[Change]:
@@ -164,7 +258,7 @@ def fingerprint_changes(points: Sequence[Point]) -> list[Change]:
 def bar_chart_svg(series: Sequence[tuple[datetime, int]], *, title: str,
                   width: int = 720, height: int = 220) -> str:
     """A bar chart of counts over time, with its largest value and time span labelled."""
-    left, bottom, top = 48, 28, 24
+    left, bottom, top = 48, 40, 24
     plot_w, plot_h = width - left - 8, height - bottom - top
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" role="img" class="plot" '
              f'width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
@@ -185,11 +279,12 @@ def bar_chart_svg(series: Sequence[tuple[datetime, int]], *, title: str,
         parts.append(f'<rect x="{x:.1f}" y="{top + plot_h - h:.1f}" width="{bar_w:.1f}" '
                      f'height="{h:.1f}" fill="#3b6ea5"><title>{moment:%Y-%m-%d %H:%M} UTC: '
                      f"{count}</title></rect>")
-    parts.append(f'<text x="4" y="{top + 10}">{peak}</text>'
+    parts.append(f'<text x="4" y="{top + 10}">{human(peak, "")}</text>'
                  f'<text x="4" y="{top + plot_h}">0</text>'
-                 f'<text x="{left}" y="{height - 8}">{start:%Y-%m-%d %H:%M}</text>'
-                 f'<text x="{left + plot_w}" y="{height - 8}" text-anchor="end">'
-                 f"{end:%Y-%m-%d %H:%M} UTC</text>")
+                 + _time_axis(start, start + timedelta(minutes=span_min), left, plot_w,
+                              top + plot_h)
+                 + f'<text x="{left + plot_w}" y="{height - 4}" text-anchor="end">'
+                 f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC</text>")
     return "".join(parts) + "</svg>"
 
 
@@ -197,7 +292,7 @@ def timeline_svg(points: Sequence[Point], changes: Sequence[Change], *,
                  width: int = 720) -> str:
     """One lane per fingerprint column, a mark where its value changed."""
     lane_h, left, top = 34, 130, 24
-    height = top + lane_h * len(TIMELINE_FIELDS) + 24
+    height = top + lane_h * len(TIMELINE_FIELDS) + 36
     plot_w = width - left - 16
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" role="img" class="plot" '
              f'width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
@@ -222,7 +317,8 @@ def timeline_svg(points: Sequence[Point], changes: Sequence[Change], *,
                    f"({change.records_after} records)")
             parts.append(f'<circle cx="{x:.1f}" cy="{y}" r="6" fill="#c0392b" '
                          f'class="change"><title>{escape(tip)}</title></circle>')
-    parts.append(f'<text x="{left}" y="{height - 6}">{start:%Y-%m-%d %H:%M}</text>'
-                 f'<text x="{left + plot_w}" y="{height - 6}" text-anchor="end">'
-                 f"{end:%Y-%m-%d %H:%M} UTC</text>")
+    axis_y = top + lane_h * len(TIMELINE_FIELDS)
+    parts.append(_time_axis(start, end, left, plot_w, axis_y)
+                 + f'<text x="{left + plot_w}" y="{height - 4}" text-anchor="end">'
+                 f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC</text>")
     return "".join(parts) + "</svg>"

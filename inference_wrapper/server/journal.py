@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ledger.store.sql import SqlLedger
+from ledger.store.log_api import Appender
 
 
 class WatchedJournal:
-    def __init__(self, ledger: SqlLedger, recheck_after_s: float = 5.0,
+    def __init__(self, ledger: Appender, recheck_after_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.ledger = ledger
         self.recheck_after_s = recheck_after_s

@@ -10,10 +10,10 @@ from aiohttp import web
 
 from inference_wrapper.server.appkeys import INTEGRATOR, LEDGER, SETTINGS
 from ledger.store.fencing import FencingReach
-from ledger.store.sql import SqlLedger
+from ledger.store.log_api import LogReader
 
 
-def last_seal(ledger: SqlLedger) -> tuple[float | None, str | None]:
+def last_seal(ledger: LogReader) -> tuple[float | None, str | None]:
     """(seconds since the latest checkpoint was sealed, which replica sealed it)."""
     latest = ledger.latest_checkpoint()
     if latest is None:

@@ -40,7 +40,13 @@ from inference_wrapper.server.routes_records import (
     public_key,
     record_proof,
 )
-from inference_wrapper.server.tiles import TILE_PATTERN, tlog_checkpoint, tlog_tile
+from inference_wrapper.server.tiles import (
+    BODIES_PATTERN,
+    TILE_PATTERN,
+    tlog_bodies,
+    tlog_checkpoint,
+    tlog_tile,
+)
 from inference_wrapper.server.validation import MAX_QUERY_INT, Field, openapi_schema
 
 
@@ -196,6 +202,10 @@ ROUTES = (
     Route("GET", "/tlog/tile/{tile_path}", tlog_tile,
           "C2SP tlog-tiles: a hash tile or an entry bundle (immutable once full)",
           roles=READER_ROLES, media="application/octet-stream", pattern=TILE_PATTERN),
+    Route("GET", "/tlog/bodies/{body_path}", tlog_bodies,
+          "v2 bodies beside an entry bundle, one file per tenant tag (a tenant's key "
+          "reads its own and the log-wide ones)",
+          roles=READER_ROLES, media="application/octet-stream", pattern=BODIES_PATTERN),
     Route("GET", "/healthz", healthz, "liveness", response=RESPONSES["healthz"]),
     Route("GET", "/readyz", readyz, "readiness", response=RESPONSES["readyz"]),
     Route("GET", "/metrics", metrics, "Prometheus metrics"),

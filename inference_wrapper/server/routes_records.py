@@ -16,7 +16,8 @@ from inference_wrapper.server.problems import Problem, invalid
 from inference_wrapper.server.validation import MAX_QUERY_INT, query_int
 from ledger.anchor.store import SqlAnchorStore
 from ledger.errors import InvalidInputError
-from ledger.store.sql import QUERY_FILTERS, RecordRow, decode_cursor
+from ledger.store.log_api import RecordRow
+from ledger.store.mirror import QUERY_FILTERS, decode_cursor
 from ledger.witness.cosignatures import cosigned_note
 
 MAX_RECORDS_LIMIT = 10_000
@@ -94,9 +95,9 @@ async def list_records(request: web.Request) -> web.Response:
     ledger = request.app[LEDGER]
     try:
         rows, cursor = await asyncio.to_thread(
-            lambda: ledger.query(since=_parse_time(request, "since"),
-                                 until=_parse_time(request, "until"), limit=limit,
-                                 cursor=cursor, **filters))
+            lambda: ledger.mirror.query(since=_parse_time(request, "since"),
+                                        until=_parse_time(request, "until"), limit=limit,
+                                        cursor=cursor, **filters))
     except InvalidInputError as exc:
         raise invalid(exc.field, exc.reason, status=400) from exc
     return web.json_response({"records": [_row_json(r) for r in rows], "next_cursor": cursor})
@@ -170,7 +171,7 @@ async def latest_checkpoint(request: web.Request) -> web.Response:
 
 
 async def anchored_checkpoint(request: web.Request) -> web.Response:
-    anchored = await asyncio.to_thread(SqlAnchorStore(request.app[LEDGER]).latest)
+    anchored = await asyncio.to_thread(SqlAnchorStore(request.app[LEDGER].engine).latest)
     if anchored is None:
         raise Problem(404, "Not Found", "no checkpoint has been anchored yet")
     return web.json_response({"tree_size": anchored.size, "kind": anchored.kind,

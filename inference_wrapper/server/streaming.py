@@ -27,11 +27,11 @@ from typing import Any
 from aiohttp import web
 
 from inference_wrapper.audit.batcher import Answer, QueueFullError, ShuttingDownError, TokenFeed
-from inference_wrapper.audit.generator import PreparedRequest
+from inference_wrapper.audit.generator import PreparedRequest, RecordNotBuiltError
 from inference_wrapper.engine.generate import streamable_text
 from inference_wrapper.engine.protocol import EngineDownError
 from inference_wrapper.server.appkeys import BATCHER, GENERATOR, JOURNAL, SETTINGS
-from inference_wrapper.server.problems import CommittedProblem, Problem, not_admitted
+from inference_wrapper.server.problems import CommittedProblem, Problem, invalid, not_admitted
 from ledger.error_map import http_status_for
 from ledger.errors import BackendError
 from ledger.vault_errors import ContentNotKeptError
@@ -183,7 +183,8 @@ async def stream_answer(request: web.Request, prepared: PreparedRequest, model: 
         problem = failure(exc, start.record_id, streaming=sse.started)
         if not sse.started:
             raise problem from exc
-        if not isinstance(problem, CommittedProblem) and not isinstance(exc, TimeoutError):
+        if not isinstance(problem, CommittedProblem) and not isinstance(
+                exc, TimeoutError | RecordNotBuiltError):  # the latter: logged at sealing
             log.error("a stream failed after text was sent (stream start record %s)",
                       start.record_id, exc_info=exc)
         await sse.error(problem)
@@ -231,6 +232,11 @@ def failure(error: BaseException, start_id: str, *, streaming: bool) -> Problem:
         return Problem(503, "Service Unavailable", "the audit record could not be committed, "
                        "so no output is returned (only the request's stream start record "
                        f"{start_id} is in the log)", headers={"Retry-After": "1"})
+    if isinstance(error, RecordNotBuiltError):  # this request alone; no output follows
+        return invalid(error.field, f"{error.reason} (only its stream start record "
+                       f"{start_id} is in the log"
+                       + ("; the text streamed so far has no completed record)" if streaming
+                          else ")"))
     if not streaming:
         raise error
     return Problem(500, "Internal Server Error", "generation failed: the audit record could "

@@ -4,7 +4,9 @@ What is served is what the latest signed checkpoint covers, read straight from t
 tables. Who may read what (docs/decisions/0036): the checkpoint and hash tiles to every
 reader; an entry bundle to an all-tenant reader (auditor, all-tenant admin), and to a
 tenant's key only when every leaf in it is a v2 envelope, which discloses a tenant tag,
-a kind and a time but no record.
+a kind and a time but no record. The v2 bodies beside them (``/tlog/bodies/<tag>/...``,
+``ledger.body_bundles``): a tenant's key reads only its own tenant's and the log-wide
+environments; an all-tenant reader reads every one.
 """
 
 from __future__ import annotations
@@ -16,13 +18,21 @@ from aiohttp import web
 from inference_wrapper.server.access import caller, readable_tenant
 from inference_wrapper.server.appkeys import LEDGER
 from inference_wrapper.server.problems import Problem
-from ledger import tiles
+from ledger import body_bundles, tiles
 from ledger.errors import InvalidInputError
-from ledger.store.tile_reads import TileNotFoundError, covered, read_entries, read_hash_tile
+from ledger.leaves.envelope import tenant_tag
+from ledger.store.tile_reads import (
+    TileNotFoundError,
+    covered,
+    read_body_bundle,
+    read_entries,
+    read_hash_tile,
+)
 from ledger.witness.cosignatures import cosigned_note
 
 PREFIX = "/tlog"
 TILE_PATTERN = PREFIX + "/tile/{tile_path:.+}"  # a tile path spans several segments
+BODIES_PATTERN = PREFIX + "/bodies/{body_path:.+}"
 IMMUTABLE = "public, max-age=31536000, immutable"
 
 
@@ -61,3 +71,27 @@ async def tlog_tile(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": "application/octet-stream",
                                             "Cache-Control": IMMUTABLE})
 
+
+
+async def tlog_bodies(request: web.Request) -> web.Response:
+    key = caller(request)
+    try:
+        tag, ref = body_bundles.parse_body_path("bodies/" + request.match_info["body_path"])
+    except InvalidInputError as exc:
+        raise Problem(404, "Not Found", f"not a bodies path: {exc.reason}") from exc
+    ledger = request.app[LEDGER]
+    tenant = readable_tenant(key)
+    if tenant is not None and tag is not None:
+        meta = await asyncio.to_thread(ledger.log_meta)
+        if meta is None or tag != tenant_tag(meta.origin, tenant):
+            raise Problem(403, "Forbidden", "these are another tenant's bodies: a tenant's "
+                          "key reads its own tenant's and the log-wide ones")
+    latest = await asyncio.to_thread(ledger.latest_checkpoint)
+    if latest is None or not covered(ref, latest.size):
+        raise Problem(404, "Not Found", "the latest checkpoint does not cover this bundle")
+    try:
+        body = await asyncio.to_thread(read_body_bundle, ledger.engine, tag, ref)
+    except TileNotFoundError as exc:
+        raise Problem(404, "Not Found", "no leaf of this tag is in this bundle") from exc
+    return web.Response(body=body, headers={"Content-Type": "application/octet-stream",
+                                            "Cache-Control": IMMUTABLE})

@@ -358,7 +358,7 @@ class FabricAnchor:
     def __init__(self, ledger: SqlLedger, gateway: FabricGateway, verifier: NoteVerifier,
                  origin: str, store: AnchorStore | None = None) -> None:
         self.ledger, self.gateway, self.verifier, self.origin = ledger, gateway, verifier, origin
-        self.store: AnchorStore = store or SqlAnchorStore(ledger)
+        self.store: AnchorStore = store or SqlAnchorStore(ledger.engine)
 
     def prepare(self) -> None:
         """Register the log's key (idempotent: the chaincode accepts the same key again)."""

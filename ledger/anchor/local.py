@@ -23,7 +23,7 @@ class LocalAnchor:
         self.ledger = ledger
         self.verifier = verifier
         self.origin = origin
-        self.store: AnchorStore = store or SqlAnchorStore(ledger)
+        self.store: AnchorStore = store or SqlAnchorStore(ledger.engine)
 
     def prepare(self) -> None:
         """Nothing to register: the table is created by the migrations."""

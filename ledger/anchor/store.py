@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import Engine, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from ledger.store.schema import anchors, records
-from ledger.store.sql import SqlLedger
 
 
 @dataclass(frozen=True)
@@ -50,18 +49,20 @@ def _now() -> datetime:
 
 
 class SqlAnchorStore:
-    """The anchors table and the records mirror of one ledger database."""
+    """The anchors table and the records mirror of one ledger database, through that
+    database's pooled engine (``SqlLedger.engine``): the store owns its SQL, the ledger
+    only shares its connection pool."""
 
-    def __init__(self, ledger: SqlLedger) -> None:
-        self.ledger = ledger
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
 
     def latest(self) -> AnchoredCheckpoint | None:
-        with self.ledger.engine.connect() as conn:
+        with self.engine.connect() as conn:
             row = conn.execute(select(anchors).order_by(anchors.c.size.desc()).limit(1)).first()
         return _anchored(row) if row else None
 
     def get(self, size: int) -> AnchoredCheckpoint | None:
-        with self.ledger.engine.connect() as conn:
+        with self.engine.connect() as conn:
             row = conn.execute(select(anchors).where(anchors.c.size == size)).first()
         return _anchored(row) if row else None
 
@@ -71,7 +72,7 @@ class SqlAnchorStore:
         # already recorded (by us earlier, or by another recorder) fails on the primary
         # key, and what is stored stands.
         try:
-            with self.ledger.engine.begin() as conn:
+            with self.engine.begin() as conn:
                 conn.execute(insert(anchors).values(size=size, note=note, kind=kind, ref=ref,
                                                     anchored_at=now))
         except IntegrityError:
@@ -82,7 +83,7 @@ class SqlAnchorStore:
         return AnchoredCheckpoint(size, note, kind, ref, now)
 
     def unreferenced_below(self, size: int) -> int:
-        with self.ledger.engine.connect() as conn:
+        with self.engine.connect() as conn:
             covered = conn.execute(select(func.max(anchors.c.size))).scalar() or 0
             rows = conn.execute(select(func.count()).select_from(records)
                                 .where(records.c.leaf_index >= covered,

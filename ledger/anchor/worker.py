@@ -70,7 +70,7 @@ class AnchorWorker:
             raise ValueError(f"policy must be one of {POLICIES}")
         self.ledger, self.anchor = ledger, anchor
         self.store: AnchorStore = store or getattr(anchor, "store", None) or SqlAnchorStore(
-            ledger)
+            ledger.engine)
         self.interval_s, self.max_backoff_s = interval_s, max_backoff_s
         self.config_backoff_s = config_backoff_s
         self.lag_slo_s, self.policy = lag_slo_s, policy

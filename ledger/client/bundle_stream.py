@@ -12,41 +12,25 @@ import json
 from collections.abc import Iterator
 from datetime import datetime
 
-from sqlalchemy import func, select
-
 from ledger.anchor.store import SqlAnchorStore
 from ledger.bundle import BUNDLE_FORMAT
 from ledger.client.exporter import DEFAULT_EARLIER_SIZES
 from ledger.errors import BackendError
-from ledger.store.schema import records
 from ledger.store.sql import SqlLedger
 from ledger.witness.cosignatures import cosigned_note
 
 PAGE = 500
 
 
-def count_matching(ledger: SqlLedger, since: datetime | None, until: datetime | None,
-                   filters: dict[str, str]) -> int:
-    """How many mirror rows a bundle of this search would hold (before it is written)."""
-    statement = select(func.count()).select_from(records)
-    if since is not None:
-        statement = statement.where(records.c.created_at >= since)
-    if until is not None:
-        statement = statement.where(records.c.created_at < until)
-    for name, value in filters.items():
-        statement = statement.where(records.c[name] == value)
-    with ledger.engine.connect() as conn:
-        return int(conn.execute(statement).scalar() or 0)
-
-
 def bundle_chunks(ledger: SqlLedger, since: datetime | None, until: datetime | None,
-                  filters: dict[str, str]) -> Iterator[str]:
+                  filters: dict[str, str], contains: dict[str, str] | None = None
+                  ) -> Iterator[str]:
     """The bundle of the matching records at the latest checkpoint, as text chunks. The
     header (checkpoint, anchor, proofs from the latest earlier sizes) comes first."""
     latest = ledger.latest_checkpoint()
     if latest is None:
         raise BackendError("the log has no checkpoint yet")
-    anchored = SqlAnchorStore(ledger).latest()
+    anchored = SqlAnchorStore(ledger.engine).latest()
     anchor = None
     if anchored is not None:
         low, high = sorted((anchored.size, latest.size))
@@ -64,8 +48,9 @@ def bundle_chunks(ledger: SqlLedger, since: datetime | None, until: datetime | N
     yield json.dumps(header)[:-1] + ', "entries": [\n'
     first, cursor = True, None
     while True:
-        rows, cursor = ledger.query(since=since, until=until, limit=PAGE, cursor=cursor,
-                                    **filters)
+        found = ledger.mirror.page(since=since, until=until, limit=PAGE, cursor=cursor,
+                                   filters=filters, contains=contains)
+        rows, cursor = found.rows, found.next_cursor
         entries = [json.dumps({"record_id": r.record_id, "leaf_index": r.leaf_index,
                                "canonical": base64.b64encode(r.canonical).decode(),
                                "inclusion_proof": [h.hex() for h in ledger.inclusion_proof(

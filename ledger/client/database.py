@@ -65,7 +65,7 @@ class DatabaseSource:
             raise ProofUnavailableError(f"the log's tree lacks a node: {exc}") from exc
 
     def anchored(self) -> tuple[bytes, str] | None:
-        latest = SqlAnchorStore(self.ledger).latest()
+        latest = SqlAnchorStore(self.ledger.engine).latest()
         return (latest.note, latest.ref) if latest else None
 
 

@@ -35,8 +35,8 @@ def export_from_db(url: str, since: datetime | None, until: datetime | None,
         environments: dict[int, LeafEvidence] = {}
         cursor: str | None = None
         while True:
-            rows, cursor = ledger.query(since=since, until=until, limit=1000, cursor=cursor,
-                                        **filters)
+            rows, cursor = ledger.mirror.query(since=since, until=until, limit=1000, cursor=cursor,
+                                               **filters)
             for row in rows:
                 if row.leaf_index < latest.size:
                     entries.append(BundleEntry(row.record_id, row.leaf_index, row.canonical,
@@ -54,7 +54,7 @@ def export_from_db(url: str, since: datetime | None, until: datetime | None,
                 progress(len(entries), None)
             if cursor is None:
                 break
-        anchored = SqlAnchorStore(ledger).latest()
+        anchored = SqlAnchorStore(ledger.engine).latest()
         consistency: list[bytes] = []
         if anchored is not None:
             low, high = sorted((anchored.size, latest.size))

@@ -6,14 +6,20 @@ import json
 import logging
 
 from ledger.anchor.fabric import ChaincodeRefusedError, FabricGateway
-from ledger.errors import BackendConfigurationError, BackendError
+from ledger.checkpoint import NoteVerifier, SignedNote
+from ledger.errors import BackendConfigurationError, BackendError, CheckpointFormatError
+from ledger.lenient_note import canonical_spelling
 
 log = logging.getLogger(__name__)
 
 
 class FabricAnchorReader:
-    def __init__(self, gateway: FabricGateway, origin: str) -> None:
-        self.gateway, self.origin = gateway, origin
+    """``verifier`` (the pinned log key) lets it read a note that the chaincode before
+    decision 0035 stored in a channel member's spelling (ledger.lenient_note)."""
+
+    def __init__(self, gateway: FabricGateway, origin: str,
+                 verifier: NoteVerifier | None = None) -> None:
+        self.gateway, self.origin, self.verifier = gateway, origin, verifier
 
     def __call__(self) -> tuple[bytes, str] | None:
         try:
@@ -32,4 +38,18 @@ class FabricAnchorReader:
         except BackendError as exc:
             log.warning("could not read the block of %s from the channel: %s",
                         latest["txId"], exc)
-        return str(latest["note"]).encode(), ref
+        return self._spelled(str(latest["note"]).encode()), ref
+
+    def _spelled(self, note: bytes) -> bytes:
+        try:
+            SignedNote.parse(note)
+            return note
+        except CheckpointFormatError:
+            if self.verifier is None:
+                return note
+            respelled = canonical_spelling(note, self.verifier)
+            if respelled is None:
+                return note  # check 4 refuses it, naming why
+            log.warning("the channel's note for %s is spelled as the old chaincode "
+                        "allowed; checking the log key's signature in it", self.origin)
+            return respelled

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Protocol
 
-from ledger import tiles
+from ledger import body_bundles, merkle, tiles
 from ledger.checkpoint import Checkpoint
 from ledger.client import safe_http
 from ledger.errors import BackendUnavailableError, MalformedProofError
@@ -83,6 +83,8 @@ class TiledLog:
         self.size = checkpoint.size
         self.nodes = TileNodes(self.size, self.read)
         self._bundles: dict[int, list[bytes]] = {}
+        self._bodies: dict[tuple[int, str | None], dict[int, bytes]] = {}
+        self._proved: dict[int, bytes] = {}
 
     def read(self, ref: TileRef) -> bytes:
         data = self.source.get(ref.path)
@@ -104,6 +106,62 @@ class TiledLog:
                 raise MalformedProofError(f"bundle {n} is beyond a tree of size {self.size}")
             self._bundles[n] = tiles.decode_bundle(self.read(ref), ref.width)
         return self._bundles[n]
+
+    def bodies(self, n: int, tag: str | None) -> dict[int, bytes]:
+        """The bodies of ``tag``'s v2 leaves in entry bundle ``n``, by leaf index, each
+        checked against its envelope (``ledger.body_bundles``)."""
+        key = (n, tag)
+        if key not in self._bodies:
+            ref = tiles.tile_for(0, n, self.size, entries=True)
+            if ref is None:
+                raise MalformedProofError(f"bundle {n} is beyond a tree of size {self.size}")
+            entries = self.bundle(n)
+            positions = body_bundles.tags_of(entries).get(tag, [])
+            if not positions:
+                self._bodies[key] = {}
+                return self._bodies[key]
+            data = self.source.get(body_bundles.body_path(tag, ref))
+            if data is None and ref.partial:  # the full file holds these bodies first
+                full = self.source.get(body_bundles.body_path(tag, ref.full()))
+                if full is not None:
+                    data = tiles.encode_bundle(
+                        body_bundles.decode_bodies(full)[:len(positions)])
+            if data is None:
+                raise BackendUnavailableError(f"{body_bundles.body_path(tag, ref)} is not "
+                                              "served")
+            self._bodies[key] = body_bundles.attach(entries, positions, data, ref.first)
+        return self._bodies[key]
+
+    def body(self, index: int, entry: bytes) -> bytes:
+        """The published body of v2 leaf ``index`` (``entry``: its envelope, already read
+        and checked against the root)."""
+        found = self.bodies(index // tiles.TILE_WIDTH, body_bundles.envelope_tag(entry))
+        if index not in found:
+            raise MalformedProofError(f"leaf {index} has no published body")
+        return found[index]
+
+    def prefetch_bodies(self, start: int, end: int, tags: set[str | None] | None) -> None:
+        """Fetch, in parallel, the body files of ``tags`` (None: every tag) for leaves
+        ``[start, end)``, whose entry bundles were read already."""
+        wanted: list[tuple[int, str | None]] = []
+        for n in range(start // tiles.TILE_WIDTH, (end - 1) // tiles.TILE_WIDTH + 1):
+            present = body_bundles.tags_of(self.bundle(n))
+            wanted.extend((n, tag) for tag in present if tags is None or tag in tags)
+        with ThreadPoolExecutor(FETCH_THREADS) as pool:
+            for _ in pool.map(lambda key: self.bodies(*key), wanted):
+                pass
+
+    def proved_leaf(self, index: int) -> bytes:
+        """Leaf ``index``'s exact bytes, proved to sit there in the checkpoint's tree."""
+        if index not in self._proved:
+            if not 0 <= index < self.size:
+                raise MalformedProofError(f"leaf {index} is beyond a tree of size "
+                                          f"{self.size}")
+            entry = self.entries(index, index + 1)[0]
+            tiles.check_leaves(self.size, self.checkpoint.root, index, index + 1,
+                               [merkle.hash_leaf(entry)], self.nodes.node)
+            self._proved[index] = entry
+        return self._proved[index]
 
     def entries(self, start: int, end: int) -> list[bytes]:
         """Leaves ``[start, end)``, their bundles fetched in parallel."""

@@ -111,6 +111,7 @@ class RowFacts:
     padding_count: int
     parse_ms: float
     stream_start_record_id: str | None = None
+    row: int | None = None  # its row in the batch; None: its place in ``rows``
 
 
 # The leaves of a v2 body that change from row to row of a batch (optional ones, when
@@ -135,12 +136,18 @@ def build_records_v2(
     rows: Sequence[RowFacts],
     gpu_sample: Mapping[str, Any] | None = None,
     created_at: str | None = None,
+    batch_size: int | None = None,
 ) -> list[Leaf]:
     """The leaves of one batch: the same bodies ``build_record_v2`` makes, row by row,
     each validated; canonicalized through one ``Layout`` per combination of optional
     members (compiled from the first body of the kind and checked against its full
     encoding, and the last body of each kind encoded in full again), so a batch costs
-    one full encoding per kind, not per row."""
+    one full encoding per kind, not per row.
+
+    ``batch_size`` (default ``len(rows)``) and each row's ``row`` are the batch the
+    engine ran, stated rather than counted: a caller can build some of a batch's rows
+    (or one alone) and their records are the same as in the whole batch's."""
+    size = len(rows) if batch_size is None else batch_size
     created_at = created_at or utc_timestamp()
     shared_timings = {k: json_number(round(float(v), 3)) for k, v in timings_ms.items()}
     shared_generation = {k: json_number(v) if isinstance(v, float) else v
@@ -151,7 +158,8 @@ def build_records_v2(
     firsts: dict[tuple[str, ...], tuple[dict[str, Any], bytes]] = {}
     lasts: dict[tuple[str, ...], tuple[dict[str, Any], bytes]] = {}
     leaves = []
-    for row, facts in enumerate(rows):
+    for place, facts in enumerate(rows):
+        row = place if facts.row is None else facts.row
         content: dict[str, Any] = {
             "schema": RECORD_KIND, "record_id": new_record_id(), "created_at": created_at,
             "tenant": facts.tenant, "engine": engine, "environment": environment_json,
@@ -159,10 +167,10 @@ def build_records_v2(
             "data": {"input_token_count": facts.input_token_count,
                      "output_token_count": facts.output_token_count,
                      "truncated": facts.truncated, "finish_reason": facts.finish_reason,
-                     "shape": [len(rows), padded_length],
+                     "shape": [size, padded_length],
                      "padding": {"side": padding_side, "count": facts.padding_count},
                      "generation": shared_generation},
-            "batch": {"id": batch_id, "size": len(rows), "row": row},
+            "batch": {"id": batch_id, "size": size, "row": row},
             "timings_ms": {**shared_timings, "parse": json_number(round(facts.parse_ms, 3))},
             "gpu_sample": sample,
         }

@@ -1,5 +1,6 @@
-"""Publish the log's signed tree as tiles: everything new since the last publish, then
-the checkpoint, so a reader never sees a checkpoint whose tiles are not there yet."""
+"""Publish the log's signed tree as tiles: everything new since the last publish (hash
+tiles, entry bundles and the v2 bodies beside them, ``ledger.body_bundles``), then the
+checkpoint, so a reader never sees a checkpoint whose files are not there yet."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
+from ledger.body_bundles import body_path, split_bodies
 from ledger.checkpoint import Checkpoint
 from ledger.errors import RollbackError
 from ledger.publish.sink import TileSink
-from ledger.store.tile_reads import read_tile
-from ledger.tiles import CHECKPOINT_PATH, tiles_between
+from ledger.store.tile_reads import read_hash_tile, read_leaves
+from ledger.tiles import CHECKPOINT_PATH, encode_bundle, tiles_between
 
 
 @dataclass(frozen=True)
@@ -29,9 +31,20 @@ def publish(engine: Engine, note: bytes, sink: TileSink) -> Published:
     old = Checkpoint.peek(previous).size if previous is not None else 0
     if old > size:
         raise RollbackError(old, size)  # a newer tree is published there already
-    refs = tiles_between(old, size)
-    for ref in refs:
-        sink.put_immutable(ref.path, read_tile(engine, ref))
+    files = 0
+    for ref in tiles_between(old, size):
+        if not ref.entries:
+            sink.put_immutable(ref.path, read_hash_tile(engine, ref))
+            files += 1
+            continue
+        # The bodies first: a reader that sees an entry bundle finds its bodies there.
+        leaves = read_leaves(engine, ref.first, ref.first + ref.width)
+        entries = [entry for entry, _ in leaves]
+        for tag, bodies in split_bodies(entries, [body for _, body in leaves]).items():
+            sink.put_immutable(body_path(tag, ref), encode_bundle(bodies))
+            files += 1
+        sink.put_immutable(ref.path, encode_bundle(entries))
+        files += 1
     if previous != note:
         sink.put_checkpoint(note)
-    return Published(old, size, len(refs))
+    return Published(old, size, files)

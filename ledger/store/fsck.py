@@ -44,8 +44,9 @@ from ledger.cosignature import well_formed_line
 from ledger.errors import LedgerError
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.environment import ENVIRONMENT_KIND
+from ledger.store.log_api import RecordRow
 from ledger.store.schema import anchors, cosignatures
-from ledger.store.sql import RecordRow, SqlLedger
+from ledger.store.sql import SqlLedger
 
 BATCH = 5000
 

@@ -35,7 +35,7 @@ from ledger.checkpoint import (
 from ledger.errors import LedgerError, LogIdentityError
 
 if TYPE_CHECKING:
-    from ledger.store.sql import SqlLedger
+    from ledger.store.identity import IdentifiedLog
 
 log = logging.getLogger(__name__)
 PREFIX = "PRIVATE+KEY+"
@@ -119,7 +119,7 @@ def new_origin(log_name: str) -> str:
     return f"{log_name.rstrip('/')}/{secrets.token_hex(4)}"
 
 
-def open_log_identity(ledger: SqlLedger, *, key_path: Path, key_text: str = "",
+def open_log_identity(ledger: IdentifiedLog, *, key_path: Path, key_text: str = "",
                       origin: str = "", log_name: str = "audit-ledger.local/log"
                       ) -> LogIdentity:
     """The log's origin and signer, created with the log or checked against it.

@@ -1,11 +1,13 @@
 """Rebuild a log database from its published tiles, or leave it untouched.
 
-Every leaf of the published checkpoint is read from the entry bundles, hashed into a
-fresh tree and written with its mirror row, all in one transaction that commits only if
-the rebuilt root is the checkpoint's and the tree also hashes to every other trusted
-checkpoint given (a witnessed or anchored note kept elsewhere). A restore that cannot
-prove this names the checkpoint it lacks, and the database stays as empty as it was: a
-service cannot start on a half-restored or unproven log.
+Every leaf of the published checkpoint is read from the entry bundles (a v2 leaf with its
+body, published beside them: ``ledger.body_bundles``), hashed into a fresh tree and
+written with its mirror row (and a v2 environment's ``environments`` row), all in one
+transaction that commits only if the rebuilt root is the checkpoint's and the tree
+also hashes to every other trusted checkpoint given (a witnessed or anchored note kept
+elsewhere). A restore that cannot prove this names the checkpoint it lacks, and the
+database stays as empty as it was: a service cannot start on a half-restored or
+unproven log.
 """
 
 from __future__ import annotations
@@ -21,14 +23,18 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, insert, text
 
-from ledger import merkle, tiles
-from ledger.audit import open_record
+from ledger import body_bundles, merkle, tiles
+from ledger.audit import open_row
 from ledger.checkpoint import Checkpoint, NoteVerifier, SignedNote
 from ledger.cosignature import WitnessKey, valid_cosigners
 from ledger.errors import InvalidInputError, LedgerError, RootMismatchError, VerificationError
+from ledger.leaves.body_codec import pack_body
+from ledger.leaves.envelope import TIMESTAMP, Leaf
+from ledger.leaves.mirror import environment_row, leaf_columns
 from ledger.record import mirror_columns
-from ledger.store.schema import checkpoints, cosignatures, log_meta, records
-from ledger.store.sql import RECORD_INSERT_COLUMNS, parse_timestamp
+from ledger.store.log_api import parse_timestamp
+from ledger.store.rows import RECORD_INSERT_COLUMNS
+from ledger.store.schema import checkpoints, cosignatures, environments, log_meta, records
 
 BUNDLES_AHEAD = 16  # bundles fetched ahead of the one being written
 CHUNK_LEAVES = 8192  # leaves per mirror-row job and per insert statement
@@ -79,7 +85,7 @@ def restore(engine: Engine, read: Callable[[str], bytes | None], verifier: NoteV
         # Indexes are built once after the bulk load, not row by row during it.
         for index in records.indexes:
             index.drop(conn)
-        compact = _write_leaves(conn, read, checkpoint.size, wanted, roots, progress)
+        compact = _write_leaves(conn, read, checkpoint.size, wanted, roots, progress, origin)
         for index in records.indexes:
             index.create(conn)
         root = compact.root()
@@ -102,18 +108,36 @@ def _check_empty(engine: Engine) -> None:
         raise InvalidInputError("--db", "restore writes only into an empty log database")
 
 
-def _bundles(read: Callable[[str], bytes | None], size: int) -> Iterator[list[bytes]]:
-    """Every entry bundle of a tree of ``size``, in order, fetched ahead in threads."""
+Bundle = tuple[list[bytes], list[bytes | None]]  # leaves, and each v2 leaf's body
+
+
+def _bundles(read: Callable[[str], bytes | None], size: int) -> Iterator[Bundle]:
+    """Every entry bundle of a tree of ``size`` with the bodies of its v2 leaves, in
+    order, fetched ahead in threads."""
     refs = [tiles.tile_for(0, n, size, entries=True)
             for n in range((size + tiles.TILE_WIDTH - 1) // tiles.TILE_WIDTH)]
 
-    def fetch(ref: tiles.TileRef | None) -> list[bytes]:
+    def fetch(ref: tiles.TileRef | None) -> Bundle:
         assert ref is not None
         data = read(ref.path)
         if data is None:
             raise RestoreError(f"{ref.path} is not published: the tiles cannot prove the "
                                f"checkpoint of size {size}")
-        return tiles.decode_bundle(data, ref.width)
+        entries = tiles.decode_bundle(data, ref.width)
+        bodies: list[bytes | None] = [None] * len(entries)
+        for tag, positions in body_bundles.tags_of(entries).items():
+            path = body_bundles.body_path(tag, ref)
+            found = read(path)
+            if found is None:
+                raise RestoreError(f"{path} is not published: the bodies of leaves "
+                                   f"{ref.first + positions[0]}.. cannot be restored")
+            try:
+                for index, body in body_bundles.attach(entries, positions, found,
+                                                       ref.first).items():
+                    bodies[index - ref.first] = body
+            except VerificationError as exc:
+                raise RestoreError(f"{path}: {exc}") from exc
+        return entries, bodies
 
     with ThreadPoolExecutor(8) as pool:
         for start in range(0, len(refs), BUNDLES_AHEAD):
@@ -122,7 +146,8 @@ def _bundles(read: Callable[[str], bytes | None], size: int) -> Iterator[list[by
 
 def _write_leaves(conn: Connection, read: Callable[[str], bytes | None], size: int,
                   wanted: set[int], roots: dict[int, bytes],
-                  progress: Callable[[int, int], None] | None) -> merkle.CompactRange:
+                  progress: Callable[[int, int], None] | None, origin: str
+                  ) -> merkle.CompactRange:
     """Hash every leaf into the tree here while worker processes turn chunks of leaves
     into mirror rows (parsing records is most of a restore's work)."""
     mark = "%s" if conn.dialect.name == "postgresql" else "?"
@@ -132,7 +157,7 @@ def _write_leaves(conn: Connection, read: Callable[[str], bytes | None], size: i
                   f"VALUES ({', '.join([mark] * len(columns))})")
     compact = merkle.CompactRange()
     sqlite = conn.dialect.name == "sqlite"
-    pending: deque[tuple[list[bytes], Future[list[tuple[object, ...]]]]] = deque()
+    pending: deque[tuple[list[bytes], Future[Rows]]] = deque()
     # Worker processes pay for themselves only with cores to spare for them.
     workers = min(8, (os.cpu_count() or 1) - 1)
     with (ProcessPoolExecutor(workers, mp_context=get_context("fork")) if workers >= 2
@@ -148,21 +173,28 @@ def _write_leaves(conn: Connection, read: Callable[[str], bytes | None], size: i
                     if compact.size in wanted:
                         roots[compact.size] = compact.root()
                 conn.exec_driver_sql(node_sql, nodes)
-                conn.exec_driver_sql(record_sql, rows.result())
+                record_rows, environment_rows = rows.result()
+                conn.exec_driver_sql(record_sql, record_rows)
+                if environment_rows:  # rare: an engine started or changed
+                    conn.execute(environments.insert().values(environment_rows))
                 if progress is not None:
                     progress(compact.size, size)
 
         chunk: list[bytes] = []
+        chunk_bodies: list[bytes | None] = []
         queued = 0
-        for bundle in _bundles(read, size):
+        for bundle, bodies in _bundles(read, size):
             chunk.extend(bundle)
+            chunk_bodies.extend(bodies)
             if len(chunk) >= CHUNK_LEAVES:
-                pending.append((chunk, pool.submit(_mirror_rows, queued, chunk, sqlite)))
+                pending.append((chunk, pool.submit(_mirror_rows, queued, chunk, chunk_bodies,
+                                                   sqlite, origin)))
                 queued += len(chunk)
-                chunk = []
+                chunk, chunk_bodies = [], []
                 drain(2 * workers)
         if chunk:
-            pending.append((chunk, pool.submit(_mirror_rows, queued, chunk, sqlite)))
+            pending.append((chunk, pool.submit(_mirror_rows, queued, chunk, chunk_bodies,
+                                               sqlite, origin)))
         drain(0)
     conn.exec_driver_sql(f"UPDATE tree_state SET size = {mark}, root = {mark} WHERE id = 1",
                          (compact.size, compact.root()))
@@ -181,24 +213,42 @@ class _InlineExecutor(ThreadPoolExecutor):
         return done
 
 
-def _mirror_rows(start: int, entries: list[bytes], sqlite: bool
-                 ) -> list[tuple[object, ...]]:
-    return [_mirror_row(start + i, entry, sqlite) for i, entry in enumerate(entries)]
+Rows = tuple[list[tuple[object, ...]], list[dict[str, Any]]]  # records, environments
 
 
-def _mirror_row(index: int, entry: bytes, sqlite: bool) -> tuple[object, ...]:
-    try:
-        columns = mirror_columns(open_record(entry))
-    except LedgerError as exc:
-        raise RestoreError(f"leaf {index} is not a record this restore can mirror: "
-                           f"{exc}") from exc
-    created = parse_timestamp(columns["created_at"])
-    columns["created_at"] = created.strftime("%Y-%m-%d %H:%M:%S.%f") if sqlite else created
-    columns["leaf_index"], columns["canonical"] = index, entry
-    # A v1 leaf is its record: no body beside it, no environment leaf (decision 0026).
-    columns.setdefault("body", None)
-    columns.setdefault("environment_index", None)
-    return tuple(columns[c] for c in RECORD_INSERT_COLUMNS)
+def _mirror_rows(start: int, entries: list[bytes], bodies: list[bytes | None], sqlite: bool,
+                 origin: str) -> Rows:
+    records_out: list[tuple[object, ...]] = []
+    environment_rows: list[dict[str, Any]] = []
+    for offset, (entry, body) in enumerate(zip(entries, bodies, strict=True)):
+        index = start + offset
+        try:
+            opened = open_row(entry, body, origin)
+        except LedgerError as exc:
+            raise RestoreError(f"leaf {index} is not a record this restore can mirror: "
+                               f"{exc}") from exc
+        if isinstance(opened, Leaf):  # v2: the body beside its envelope (decision 0026)
+            columns = {**leaf_columns(opened), "canonical": entry,
+                       "body": pack_body(opened.body)}
+            environment = environment_row(opened)
+            if environment is not None:
+                environment_rows.append({"leaf_index": index, **environment})
+        else:  # v1: the leaf is its record, no body, no environment leaf
+            columns = {**mirror_columns(opened), "canonical": entry, "body": None,
+                       "environment_index": None}
+        columns["created_at"] = _stored_time(columns["created_at"], sqlite)
+        columns["leaf_index"] = index
+        records_out.append(tuple(columns[c] for c in RECORD_INSERT_COLUMNS))
+    return records_out, environment_rows
+
+
+def _stored_time(stamp: str, sqlite: bool) -> object:
+    """The mirror's ``created_at`` as the writer stores it (SQLite: SQLAlchemy's text)."""
+    if not sqlite:
+        return parse_timestamp(stamp)
+    if TIMESTAMP.match(stamp):  # the log's own form: rewritten, not parsed (1M times)
+        return f"{stamp[:10]} {stamp[11:23]}000"
+    return parse_timestamp(stamp).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
 def _write_head(conn: Connection, checkpoint: Checkpoint, note: bytes,

@@ -16,8 +16,6 @@ frozen while still sending a statement is fenced (``ledger.store.fencing``).
 from __future__ import annotations
 
 import asyncio
-import base64
-import bisect
 import logging
 import queue
 import threading
@@ -25,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     Engine,
@@ -33,7 +31,6 @@ from sqlalchemy import (
     event,
     func,
     insert,
-    or_,
     select,
     text,
 )
@@ -48,23 +45,28 @@ from ledger.errors import (
     BackendUnavailableError,
     DuplicateRecordError,
     InvalidInputError,
-    LedgerError,
     SequencerBusyError,
     WorkerDiedError,
 )
-from ledger.leaves.body_codec import pack_body, unpack_body
 from ledger.leaves.envelope import Leaf
-from ledger.leaves.mirror import environment_row, leaf_columns
-from ledger.record import AuditRecord, mirror_columns
+from ledger.leaves.mirror import environment_row
 from ledger.store import fencing
 from ledger.store.fencing import PROCESS_TAG
 from ledger.store.file_modes import private_sqlite_files
+from ledger.store.identity import SqlIdentity
+from ledger.store.log_api import (
+    LogLeaf,
+    LogMeta,
+    Receipt,
+    RecordRow,
+    StoredCheckpoint,
+    parse_timestamp,
+)
+from ledger.store.mirror import SqlMirror
+from ledger.store.rows import RECORD_INSERT_COLUMNS, row_columns
 from ledger.store.schema import (
-    anchors,
     checkpoints,
     environments,
-    log_meta,
-    records,
     tree_state,
 )
 
@@ -75,47 +77,6 @@ LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE for a lock_timeout
 # Rows per multi-row INSERT on PostgreSQL: well under its 65,535 parameters a statement.
 PG_NODE_ROWS_PER_STATEMENT = 8192
 PG_RECORD_ROWS_PER_STATEMENT = 2048
-QUERY_FILTERS = ("tenant", "model_digest", "accelerator_model", "driver_version",
-                 "service_revision")
-# Filters a v2 record answers through its environment (``environments``).
-ENVIRONMENT_FILTERS = frozenset(QUERY_FILTERS) - {"tenant"}
-# What the log appends: a v1 record (its bytes are the leaf) or a v2 leaf (decision 0026).
-LogLeaf = AuditRecord | Leaf
-
-
-def row_columns(leaf: LogLeaf) -> dict[str, Any]:
-    """A leaf's mirror row, but for its index (``created_at`` as RFC 3339 text)."""
-    if isinstance(leaf, Leaf):
-        return {**leaf_columns(leaf), "canonical": leaf.envelope, "body": pack_body(leaf.body)}
-    return {**mirror_columns(leaf), "canonical": leaf.canonical, "body": None,
-            "environment_index": None}
-
-
-@dataclass(frozen=True)
-class Receipt:
-    """What an acknowledged append returns: enough to ask for a proof later."""
-
-    record_id: str
-    leaf_index: int
-    leaf_hash: bytes
-
-
-@dataclass(frozen=True)
-class StoredCheckpoint:
-    size: int
-    root: bytes
-    note: bytes
-    sealed_at: datetime
-    sealed_by: str | None = None  # the replica that sealed it; not part of the signed note
-
-
-@dataclass(frozen=True)
-class LogMeta:
-    """The log's identity, fixed when it was created."""
-
-    origin: str
-    verifier_key: str  # the signed-note verifier key (name = origin) of its signing key
-    created_at: datetime
 
 
 @dataclass(frozen=True)
@@ -196,45 +157,6 @@ class PgSessionSettings:
 
 def _pg_ms(seconds: float) -> int:
     return max(0, int(seconds * 1000))
-
-
-@dataclass(frozen=True)
-class RecordRow:
-    leaf_index: int
-    record_id: str
-    created_at: datetime
-    tenant: str
-    columns: dict[str, Any]
-    canonical: bytes  # a v1 record's bytes, or a v2 leaf's envelope
-    checkpoint_size: int | None  # the first checkpoint covering it (derived, not stored)
-    anchor_ref: str | None  # the first anchor covering it (derived, not stored)
-    stored_body: bytes | None = None  # a v2 leaf's body as stored (None for v1)
-    environment_index: int | None = None  # the environment leaf of a v2 record
-
-    @property
-    def body(self) -> bytes | None:
-        """A v2 leaf's body (None for v1). Stored bytes that do not unpack are handed on as
-        they are: they then fail the envelope's digest (verify check 1, audit, fsck)."""
-        if self.stored_body is None:
-            return None
-        try:
-            return unpack_body(self.stored_body)
-        except LedgerError:
-            return self.stored_body
-
-    @property
-    def leaf_body(self) -> bytes:
-        """The record as readers parse it: a v1 record's bytes, a v2 leaf's body."""
-        body = self.body
-        return self.canonical if body is None else body
-
-
-def parse_timestamp(text: str) -> datetime:
-    """RFC 3339 text to a naive UTC datetime (the mirror stores UTC without a zone)."""
-    moment = datetime.fromisoformat(text)
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(UTC).replace(tzinfo=None)
-    return moment
 
 
 def make_engine(url: str, *, writer: bool = False, sqlite_synchronous: str = "FULL",
@@ -342,6 +264,9 @@ class SqlLedger:
         self.engine = make_engine(url, pg=self.pg)
         self._writer_engine = make_engine(url, writer=True, sqlite_synchronous=sqlite_synchronous,
                                           pg=self.pg, role="writer")
+        # The log's identity and its mirror live in their own modules (decision 0042).
+        self.identity = SqlIdentity(self.engine, self._writer_engine)
+        self.mirror = SqlMirror(self.engine)
         # Items are single appends or lists of appends made in one event-loop turn.
         self._queue: queue.SimpleQueue[_Pending | list[_Pending] | None] = queue.SimpleQueue()
         self._turn_buffers: dict[asyncio.AbstractEventLoop, list[_Pending]] = {}
@@ -804,123 +729,23 @@ class SqlLedger:
             ).one()
         return int(count), oldest, int(newest) if newest is not None else size
 
-    # --- the log's identity -----------------------------------------------------------
+    # --- identity and the leaves (their own modules; decision 0042) ---------------------
 
     def log_meta(self) -> LogMeta | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(select(log_meta).where(log_meta.c.id == 1)).first()
-        return LogMeta(row.origin, row.verifier_key, row.created_at) if row else None
+        return self.identity.log_meta()
 
     def create_log_meta(self, origin: str, verifier_key: str) -> LogMeta:
-        """Record the log's identity unless a replica did first; returns the stored one."""
-        created_at = datetime.now(UTC).replace(tzinfo=None)
-        try:
-            with self._writer_engine.begin() as conn:
-                conn.execute(insert(log_meta).values(id=1, origin=origin,
-                                                     verifier_key=verifier_key,
-                                                     created_at=created_at))
-        except IntegrityError:
-            pass  # another replica created the log first: its identity stands
-        stored = self.log_meta()
-        assert stored is not None
-        return stored
-
-    # --- the mirror -----------------------------------------------------------------
+        return self.identity.create_log_meta(origin, verifier_key)
 
     def get_record(self, record_id: str) -> RecordRow | None:
-        """A mirror row; a v2 record's filter columns are its environment's."""
-        with self.engine.connect() as conn:
-            row = conn.execute(_with_coverage(_mirror_select())
-                               .where(records.c.record_id == record_id)).first()
-        return _record_row(row) if row else None
+        return self.mirror.get_record(record_id)
 
     def record_at(self, leaf_index: int) -> RecordRow | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(_with_coverage(_mirror_select())
-                               .where(records.c.leaf_index == leaf_index)).first()
-        return _record_row(row) if row else None
-
-    def environments(self) -> dict[int, dict[str, Any]]:
-        """Every ``environments`` row by its leaf index, as stored (``audit`` checks them
-        against the leaves' bytes)."""
-        with self.engine.connect() as conn:
-            return {int(row.leaf_index): {k: v for k, v in row._mapping.items()
-                                          if k != "leaf_index"}
-                    for row in conn.execute(select(environments))}
-
-    def query(
-        self,
-        *,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-        **filters: str | None,
-    ) -> tuple[list[RecordRow], str | None]:
-        """Rows matching every given filter, by leaf index; returns (rows, next cursor).
-
-        ``since`` is inclusive and ``until`` exclusive (UTC). Filters: tenant,
-        model_digest, accelerator_model, driver_version, service_revision.
-        """
-        unknown = set(filters) - set(QUERY_FILTERS)
-        if unknown:
-            raise InvalidInputError(sorted(unknown)[0], "is not a known filter")
-        if not 1 <= limit <= 10_000:
-            raise InvalidInputError("limit", "must be between 1 and 10000")
-        statement = _with_coverage(_mirror_select()).order_by(records.c.leaf_index).limit(limit + 1)
-        if cursor is not None:
-            statement = statement.where(records.c.leaf_index > decode_cursor(cursor))
-        if since is not None:
-            statement = statement.where(records.c.created_at >= _naive_utc(since))
-        if until is not None:
-            statement = statement.where(records.c.created_at < _naive_utc(until))
-        for name, value in filters.items():
-            if value is None:
-                continue
-            if name in ENVIRONMENT_FILTERS:  # a v1 row's own column, or a v2 row's environment's
-                statement = statement.where(or_(
-                    records.c[name] == value,
-                    records.c.environment_index.in_(
-                        select(environments.c.leaf_index).where(environments.c[name] == value))))
-            else:
-                statement = statement.where(records.c[name] == value)
-        with self.engine.connect() as conn:
-            rows = [_record_row(r) for r in conn.execute(statement)]
-        if len(rows) > limit:
-            return rows[:limit], encode_cursor(rows[limit - 1].leaf_index)
-        return rows, None
+        return self.mirror.record_at(leaf_index)
 
     def iter_records(self, start: int = 0, end: int | None = None,
                      batch: int = 5000) -> Iterator[RecordRow]:
-        """Every mirror row with ``start <= leaf_index < end``, in index order.
-
-        The covering checkpoint and anchor of a batch's rows come from the checkpoints
-        and anchors in its leaf range (and the first one past it), by bisect: a scan of
-        the whole log reads each checkpoint and anchor once.
-        """
-        position = start
-        while True:
-            statement = (select(records).where(records.c.leaf_index >= position)
-                         .order_by(records.c.leaf_index).limit(batch))
-            if end is not None:
-                statement = statement.where(records.c.leaf_index < end)
-            with self.engine.connect() as conn:
-                found = conn.execute(statement).all()
-                coverage = _Coverage.read(conn, int(found[0].leaf_index),
-                                          int(found[-1].leaf_index)) if found else None
-            rows = [_record_row(r, coverage) for r in found]
-            yield from rows
-            if len(rows) < batch:
-                return
-            position = rows[-1].leaf_index + 1
-
-
-RECORD_INSERT_COLUMNS = (
-    "leaf_index", "record_id", "created_at", "tenant", "model_name", "model_digest",
-    "accelerator", "accelerator_model", "driver_version", "torch_version", "torch_commit",
-    "service_revision", "input_commitment", "output_commitment", "canonical", "body",
-    "environment_index",
-)
+        return self.mirror.iter_records(start, end, batch)
 
 
 def _sqlite_datetime(moment: datetime) -> str:
@@ -962,117 +787,15 @@ def _read_nodes(conn: Connection, keys: Sequence[merkle.Node]) -> dict[merkle.No
     return found
 
 
-def _mirror_select() -> Any:
-    """The mirror as auditors read it: a v2 record's filter columns (NULL in its own row)
-    are filled from the environment it names."""
-    names = [c.name for c in environments.c if c.name != "leaf_index"]
-    return select(
-        *[c for c in records.c if c.name not in names],
-        *[func.coalesce(records.c[n], environments.c[n]).label(n) for n in names],
-    ).select_from(records.outerjoin(
-        environments, environments.c.leaf_index == records.c.environment_index))
-
-
-def _with_coverage(statement: Any) -> Any:
-    """``statement`` (a mirror select) plus the checkpoint that first covers each row and
-    the anchor that covers it, computed from their sizes (decision 0029): each one
-    primary-key lookup. Scans use ``_Coverage`` instead."""
-    return statement.add_columns(
-        select(func.min(checkpoints.c.size)).where(checkpoints.c.size > records.c.leaf_index)
-        .scalar_subquery().label("checkpoint_size"),
-        select(anchors.c.ref).where(anchors.c.size > records.c.leaf_index)
-        .order_by(anchors.c.size).limit(1).scalar_subquery().label("anchor_ref"))
-
-
 def _checkpoint(row: Any) -> StoredCheckpoint:
     return StoredCheckpoint(int(row.size), bytes(row.root), bytes(row.note), row.sealed_at,
                             row.sealed_by)
 
 
-class _Coverage:
-    """The checkpoints and anchors that cover a range of leaves: each leaf's first
-    covering one is the first whose size exceeds its index (decision 0029)."""
+if TYPE_CHECKING:  # mypy holds the driver to every role's Protocol
+    from ledger.store.identity import IdentityStore
+    from ledger.store.log_api import Appender, CheckpointSealer, LogReader
 
-    def __init__(self, checkpoint_sizes: list[int], anchor_sizes: list[int],
-                 anchor_refs: list[str]) -> None:
-        self.checkpoint_sizes = checkpoint_sizes
-        self.anchor_sizes, self.anchor_refs = anchor_sizes, anchor_refs
-
-    @classmethod
-    def read(cls, conn: Connection, first: int, last: int) -> _Coverage:
-        """Those covering leaves ``first..last``: the ones in that range and the first
-        one past it."""
-        sizes = [int(size) for (size,) in conn.execute(
-            select(checkpoints.c.size).where(checkpoints.c.size > first,
-                                             checkpoints.c.size <= last + 1)
-            .order_by(checkpoints.c.size))]
-        if not sizes or sizes[-1] <= last:
-            beyond = conn.execute(select(func.min(checkpoints.c.size))
-                                  .where(checkpoints.c.size > last)).scalar()
-            if beyond is not None:
-                sizes.append(int(beyond))
-        anchored = [(int(size), str(ref)) for size, ref in conn.execute(
-            select(anchors.c.size, anchors.c.ref).where(anchors.c.size > first,
-                                                        anchors.c.size <= last + 1)
-            .order_by(anchors.c.size))]
-        if not anchored or anchored[-1][0] <= last:
-            beyond_anchor = conn.execute(
-                select(anchors.c.size, anchors.c.ref).where(anchors.c.size > last)
-                .order_by(anchors.c.size).limit(1)).first()
-            if beyond_anchor is not None:
-                anchored.append((int(beyond_anchor.size), str(beyond_anchor.ref)))
-        return cls(sizes, [size for size, _ in anchored], [ref for _, ref in anchored])
-
-    def checkpoint_for(self, leaf: int) -> int | None:
-        at = bisect.bisect_right(self.checkpoint_sizes, leaf)
-        return self.checkpoint_sizes[at] if at < len(self.checkpoint_sizes) else None
-
-    def anchor_for(self, leaf: int) -> str | None:
-        at = bisect.bisect_right(self.anchor_sizes, leaf)
-        return self.anchor_refs[at] if at < len(self.anchor_refs) else None
-
-
-def _record_row(row: Any, coverage: _Coverage | None = None) -> RecordRow:
-    """A mirror row; its covering checkpoint and anchor come from the row (computed by
-    ``_mirror_select``) or from ``coverage``."""
-    mapping = dict(row._mapping)
-    leaf_index = int(mapping.pop("leaf_index"))
-    checkpoint_size = mapping.pop("checkpoint_size", None)
-    anchor_ref = mapping.pop("anchor_ref", None)
-    if coverage is not None:
-        checkpoint_size = coverage.checkpoint_for(leaf_index)
-        anchor_ref = coverage.anchor_for(leaf_index)
-    return RecordRow(
-        leaf_index=leaf_index,
-        record_id=mapping.pop("record_id"),
-        created_at=mapping.pop("created_at"),
-        tenant=mapping.pop("tenant"),
-        canonical=bytes(mapping.pop("canonical")),
-        checkpoint_size=None if checkpoint_size is None else int(checkpoint_size),
-        anchor_ref=anchor_ref,
-        stored_body=None if (body := mapping.pop("body")) is None else bytes(body),
-        environment_index=mapping.pop("environment_index"),
-        columns=mapping,
-    )
-
-
-def _naive_utc(moment: datetime) -> datetime:
-    if moment.tzinfo is not None:
-        return moment.astimezone(UTC).replace(tzinfo=None)
-    return moment
-
-
-def encode_cursor(leaf_index: int) -> str:
-    return base64.urlsafe_b64encode(f"after:{leaf_index}".encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> int:
-    try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        prefix, _, number = text.partition(":")
-        if prefix != "after" or not number.isdigit():
-            raise ValueError(text)
-        return int(number)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidInputError("cursor", "is not a cursor this service issued") from exc
-
+    def _plays_every_role(ledger: SqlLedger) -> tuple[Appender, LogReader, CheckpointSealer,
+                                                       IdentityStore]:
+        return ledger, ledger, ledger, ledger

@@ -11,6 +11,10 @@ from __future__ import annotations
 from sqlalchemy import Engine
 
 from ledger import tiles
+from ledger.body_bundles import PREFIX, body_path, parse_body_path, split_bodies
+from ledger.checkpoint import Checkpoint
+from ledger.errors import InvalidInputError
+from ledger.leaves.body_codec import unpack_body
 from ledger.tiles import TileRef
 
 
@@ -48,6 +52,29 @@ def read_entries(engine: Engine, start: int, end: int) -> list[bytes]:
     return [bytes(row[1]) for row in rows]
 
 
+def read_leaves(engine: Engine, start: int, end: int) -> list[tuple[bytes, bytes | None]]:
+    """Leaves ``[start, end)`` as (exact bytes, a v2 leaf's body or None), in index order."""
+    mark = "%s" if engine.dialect.name == "postgresql" else "?"
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            f"SELECT leaf_index, canonical, body FROM records WHERE leaf_index >= {mark} "
+            f"AND leaf_index < {mark} ORDER BY leaf_index", (start, end)).all()
+    if len(rows) != end - start or (rows and int(rows[0][0]) != start):
+        raise TileNotFoundError(f"leaves [{start}, {end})")
+    return [(bytes(row[1]), None if row[2] is None else unpack_body(bytes(row[2])))
+            for row in rows]
+
+
+def read_body_bundle(engine: Engine, tag: str | None, ref: TileRef) -> bytes:
+    """The bodies of ``tag``'s v2 leaves in entry bundle ``ref``, encoded
+    (``ledger.body_bundles``); TileNotFoundError when the bundle holds none of them."""
+    leaves = read_leaves(engine, ref.first, ref.first + ref.width)
+    grouped = split_bodies([e for e, _ in leaves], [b for _, b in leaves])
+    if tag not in grouped:
+        raise TileNotFoundError(body_path(tag, ref))
+    return tiles.encode_bundle(grouped[tag])
+
+
 def read_bundle(engine: Engine, ref: TileRef) -> bytes:
     """The entry bundle ``ref`` (``ref.entries``), encoded."""
     return tiles.encode_bundle(read_entries(engine, ref.first, ref.first + ref.width))
@@ -56,3 +83,27 @@ def read_bundle(engine: Engine, ref: TileRef) -> bytes:
 def read_tile(engine: Engine, ref: TileRef) -> bytes:
     """A hash tile or an entry bundle, as the spec encodes it."""
     return read_bundle(engine, ref) if ref.entries else read_hash_tile(engine, ref)
+
+
+class StoreTiles:
+    """The log's own tables as a tile source (``ledger.client.tiles.TileSource``) for a
+    caller inside the service (the console's search): the files ``/tlog`` serves, for
+    the signed ``note`` given (read with its cosignatures), with no access check (the
+    caller applies its own)."""
+
+    def __init__(self, engine: Engine, note: bytes) -> None:
+        self.engine, self.note = engine, note
+        self.size = Checkpoint.peek(note).size
+
+    def get(self, path: str) -> bytes | None:
+        if path == tiles.CHECKPOINT_PATH:
+            return self.note
+        try:
+            if path.startswith(PREFIX + "/"):
+                tag, ref = parse_body_path(path)
+                return read_body_bundle(self.engine, tag, ref) if covered(ref, self.size) \
+                    else None
+            ref = tiles.parse_path(path)
+            return read_tile(self.engine, ref) if covered(ref, self.size) else None
+        except (InvalidInputError, TileNotFoundError):
+            return None

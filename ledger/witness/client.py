@@ -24,7 +24,8 @@ from pathlib import Path
 
 from ledger.cosignature import WitnessKey, add_cosignatures, valid_cosigners
 from ledger.errors import BackendError, BackendUnavailableError, CheckpointFormatError
-from ledger.store.sql import SqlLedger, StoredCheckpoint
+from ledger.store.log_api import StoredCheckpoint
+from ledger.store.sql import SqlLedger
 from ledger.witness.cosignatures import cosigners_of, latest_cosigned_size, store_cosignature
 from ledger.witness_policy import SIZE_CONTENT_TYPE, AddCheckpoint
 

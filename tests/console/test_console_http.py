@@ -248,7 +248,7 @@ async def test_plots_show_the_anchoring_lag_once_something_is_anchored(
 
     ledger = console.client.server.app[LEDGER]
     for _ in range(1200):  # polled, generous: the anchor worker runs on its own interval
-        if await asyncio.to_thread(SqlAnchorStore(ledger).latest) is not None:
+        if await asyncio.to_thread(SqlAnchorStore(ledger.engine).latest) is not None:
             break
         await asyncio.sleep(0.05)
     lag = await asyncio.to_thread(console_module.anchor_lag, ledger,
@@ -269,7 +269,7 @@ async def test_bundle_export_verifies_offline_with_the_pinned_key(console: Conso
     # Check 4 needs an anchored checkpoint: wait (polled, generous) for the anchor worker.
     ledger = console.client.server.app[LEDGER]
     for _ in range(1200):
-        if await asyncio.to_thread(SqlAnchorStore(ledger).latest) is not None:
+        if await asyncio.to_thread(SqlAnchorStore(ledger.engine).latest) is not None:
             break
         await asyncio.sleep(0.05)
     await sign_in(console.client, console.tokens["auditor"])

@@ -165,7 +165,7 @@ async def anchored(console: Console) -> Console:
 
     for _ in range(600):
         latest = await asyncio.to_thread(ledger.latest_checkpoint)
-        anchor = await asyncio.to_thread(SqlAnchorStore(ledger).latest)
+        anchor = await asyncio.to_thread(SqlAnchorStore(ledger.engine).latest)
         if anchor is not None and latest is not None and anchor.size == latest.size:
             return console
         await asyncio.sleep(0.1)

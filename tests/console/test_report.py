@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -134,13 +135,85 @@ def test_range_that_ends_before_it_starts_is_a_usage_error(ledger_db: tuple[str,
                   "--to", "2026-11-30T09:00:00") == 2
 
 
+def page_images(pdf: Path, folder: Path) -> list[Path]:
+    """Each page of the PDF as a greyscale image (pdftoppm, poppler-utils)."""
+    pdftoppm = shutil.which("pdftoppm")
+    assert pdftoppm, "poppler-utils is missing: run `make setup`"
+    prefix = folder / (pdf.stem + "-page")
+    subprocess.run([pdftoppm, "-r", "40", "-gray", str(pdf), str(prefix)], check=True,
+                   timeout=300, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return sorted(folder.glob(prefix.name + "*.pgm"))
+
+
+def read_pgm(page: Path) -> tuple[int, int, bytes]:
+    data = page.read_bytes()
+    # Binary PGM: "P5", width, height, max value, one whitespace, then one byte a pixel.
+    fields = data.split(maxsplit=4)
+    assert fields[0] == b"P5"
+    width, height = int(fields[1]), int(fields[2])
+    return width, height, data[len(data) - width * height:]
+
+
+def ink_at_the_edges(pages: list[Path]) -> list[str]:
+    """The pages with ink in the outer strips of the side margins, where nothing is laid
+    out: text or a table that runs off the page puts ink there."""
+    found = []
+    for page in pages:
+        width, height, pixels = read_pgm(page)
+        strip = max(2, width // 60)  # about 3.5 mm of the 14 mm side margins
+        if any(pixels[y * width + x] < 128 for y in range(height)
+               for x in (*range(strip), *range(width - strip, width))):
+            found.append(page.name)
+    return found
+
+
+def cells_cut_off(html: str, pdf: Path) -> list[str]:
+    """The table cells of ``html`` whose text is not whole in the PDF's text: Chromium
+    clips what runs past the page's content box (no ink reaches the edge), so a table
+    that overflows loses text. Whitespace is ignored (a wrapped cell breaks lines)."""
+    pdftotext = shutil.which("pdftotext")
+    assert pdftotext, "poppler-utils is missing: run `make setup`"
+    printed = subprocess.run([pdftotext, "-raw", str(pdf), "-"], check=True,
+                             capture_output=True, text=True, timeout=300).stdout
+    whole = re.sub(r"\s+", "", printed)
+    cells = (re.sub(r"\s+", "", unescape(re.sub(r"<[^>]+>", "", cell)))
+             for cell in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", html, re.S))
+    return [cell for cell in cells if cell not in whole]
+
+
+def test_the_overflow_check_fails_on_a_table_that_overflows_and_passes_the_real_layout(
+        ledger_db: tuple[str, str], tmp_path: Path) -> None:
+    """The PDF check must be able to fail: the real report with one wide table (an
+    unbroken 600-character digest) printed twice, with the layout's wrapping rules and
+    without them. Without them the table runs off the page (Chromium cuts it at the
+    margin) and the check names the cut cell; with them every cell is whole."""
+    from audit_cli.cmd_report import _table, print_pdf
+
+    url, key = ledger_db
+    out = tmp_path / "pack"
+    assert report(url, key, out, *RANGE) == 0
+    wide = _table(("what", "value"), [("model digest", "sha256:" + "ab" * 300)], "")
+    html = (out / "report.html").read_text().replace("</body>", wide + "</body>")
+    wrapping = ("table { width: 100%; table-layout: fixed; } "
+                "th, td { overflow-wrap: anywhere; word-break: break-word; } ")
+    assert wrapping in html
+    cut = {}
+    for name, text in (("real", html), ("unwrapped", html.replace(wrapping, ""))):
+        (tmp_path / f"{name}.html").write_text(text)
+        print_pdf(tmp_path / f"{name}.html", tmp_path / f"{name}.pdf")
+        cut[name] = cells_cut_off(text, tmp_path / f"{name}.pdf")
+    assert cut["unwrapped"] == ["sha256:" + "ab" * 300]  # the overflow is caught
+    assert cut["real"] == []
+
+
 @pytest.mark.parametrize(("paper", "points"), [("A4", (595, 842)), ("Letter", (612, 792))])
 def test_the_report_prints_to_a_pdf_whose_pages_render(
         ledger_db: tuple[str, str], tmp_path: Path, paper: str,
         points: tuple[int, int]) -> None:
     """--pdf prints with the system Chromium; pdftoppm (poppler-utils) turns each page
-    into a greyscale image: every page carries ink, none in the outer margin strips (text
-    or a table running off the page would), and each page is numbered."""
+    into a greyscale image: every page carries ink, none in the outer margin strips;
+    every table cell is whole in the PDF's text (Chromium cuts a table that runs off the
+    page: the test below shows this check failing on one), and each page is numbered."""
     url, key = ledger_db
     out = tmp_path / "pack"
     assert report(url, key, out, *RANGE, "--pdf", "--paper", paper) == 0
@@ -149,27 +222,16 @@ def test_the_report_prints_to_a_pdf_whose_pages_render(
     sizes = {tuple(round(float(v)) for v in m.groups())
              for m in re.finditer(rb"/MediaBox \[0 0 ([\d.]+) ([\d.]+)\]", pdf)}
     assert sizes == {points}
-    pdftoppm, pdftotext = shutil.which("pdftoppm"), shutil.which("pdftotext")
-    assert pdftoppm and pdftotext, "poppler-utils is missing: run `make setup`"
-    subprocess.run([pdftoppm, "-r", "40", "-gray", str(out / "report.pdf"),
-                    str(tmp_path / "page")], check=True, timeout=300,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    pages = sorted(tmp_path.glob("page*.pgm"))
+    pages = page_images(out / "report.pdf", tmp_path)
     assert len(pages) >= 2  # scope to obligations does not fit on one page
     for page in pages:
-        data = page.read_bytes()
-        # Binary PGM: "P5", width, height, max value, one whitespace, then one byte a pixel.
-        fields = data.split(maxsplit=4)
-        assert fields[0] == b"P5"
-        width, height = int(fields[1]), int(fields[2])
-        pixels = data[len(data) - width * height:]
+        width, height, pixels = read_pgm(page)
         dark = sum(1 for value in pixels if value < 128)
         assert dark > width * height // 1000, f"{page.name} looks blank"
-        strip = max(2, width // 60)  # about 3.5 mm of the 14 mm side margins
-        off_page = [x for y in range(height) for x in (*range(strip),
-                                                         *range(width - strip, width))
-                    if pixels[y * width + x] < 128]
-        assert off_page == [], f"{page.name}: ink at the page's edge (text off the page)"
+    assert ink_at_the_edges(pages) == [], "text or a table runs off the page"
+    assert cells_cut_off((out / "report.html").read_text(), out / "report.pdf") == []
+    pdftotext = shutil.which("pdftotext")
+    assert pdftotext, "poppler-utils is missing: run `make setup`"
     text = subprocess.run([pdftotext, "-layout", str(out / "report.pdf"), "-"], check=True,
                           capture_output=True, text=True, timeout=300).stdout
     for number in range(1, len(pages) + 1):

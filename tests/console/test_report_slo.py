@@ -75,7 +75,7 @@ def test_report_shows_slo_targets_against_measured_values(
     assert "<td>longest single outage</td><td>60 s</td><td>90.0 s</td><td>MISSED</td>" in html
     # The readiness line: up at 09:00, down at 09:10, up at 09:11:30, planned stop at 09:20.
     assert "<title>replicas ready</title></polyline>" in html
-    assert "<title>replicas ready 09:10: 0 </title>" in html
+    assert "<title>replicas ready 09:10: 0</title>" in html
 
 
 def test_report_digest_is_logged_and_verifies_once_sealed(

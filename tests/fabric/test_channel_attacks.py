@@ -12,7 +12,6 @@ import datetime
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,65 +25,24 @@ from cryptography.x509.oid import NameOID
 from ledger.anchor.fabric import (
     AnchorConflictError,
     ChaincodeRefusedError,
-    FabricAnchor,
     FabricGateway,
     Identity,
 )
 from ledger.anchor.store import SqlAnchorStore
-from ledger.anchor.worker import AnchorWorker
 from ledger.errors import BackendError
-from ledger.store.integrator import Integrator
 from ledger.store.keys import load_or_create_signer
-from ledger.store.migrate import upgrade
-from ledger.store.sql import SqlLedger, StoredCheckpoint
+from tests.cli_runs import cli_json
+from tests.fabric.anchored_log import AnchoredLog, anchored_log
 from tests.fabric.conftest import CHAINCODE, CHANNEL, MSPID, free_port, gateway_for, make_identity
 from tests.fabric.peer_double import GatewayDouble, PeerDouble
-from tests.records import make_record
 
 ORIGIN = "channel-attacks.audit-ledger/log"
 
 
-@dataclass
-class Service:
-    ledger: SqlLedger
-    anchor: FabricAnchor
-    gateway: FabricGateway
-    integrator: Integrator
-    store: SqlAnchorStore
-    double: GatewayDouble
-    next_record: int = 0
-
-    def grow(self, count: int) -> StoredCheckpoint:
-        for _ in range(count):
-            self.ledger.append(make_record(self.next_record))
-            self.next_record += 1
-        sealed = self.integrator.seal_now()
-        assert sealed is not None
-        return sealed
-
-    def proof(self, first: int, second: int) -> str:
-        return json.dumps([h.hex() for h in self.ledger.consistency_proof(first, second)])
-
-    def worker(self, **options: Any) -> AnchorWorker:
-        worker = AnchorWorker(self.ledger, self.anchor, store=self.store, **options)
-        worker.prepared = True  # registered by the fixture
-        return worker
-
-
 @pytest.fixture()
-def service(peer: PeerDouble, client_identity: Identity, tmp_path: Path) -> Iterator[Service]:
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    upgrade(url)
-    signer = load_or_create_signer(tmp_path / "log.key", ORIGIN)
-    with SqlLedger(url) as ledger:
-        gateway = gateway_for(peer, client_identity, timeout_s=5, commit_timeout_s=5)
-        store = SqlAnchorStore(ledger)
-        anchor = FabricAnchor(ledger, gateway, signer.verifier(), ORIGIN, store)
-        anchor.register()
-        assert peer.gateway is not None
-        yield Service(ledger, anchor, gateway, Integrator(ledger, signer, ORIGIN), store,
-                      peer.gateway)
-        gateway.close()
+def service(peer: PeerDouble, client_identity: Identity, tmp_path: Path) -> Iterator[AnchoredLog]:
+    with anchored_log(peer, client_identity, tmp_path, ORIGIN) as log:
+        yield log
 
 
 def respell(note: bytes, how: str) -> str:
@@ -109,7 +67,7 @@ JAMS = ["junk character", "stripped padding", "extra field", "101 signature line
 
 @pytest.mark.parametrize("how", JAMS)
 def test_front_running_jam_is_refused_and_the_service_anchors_on(
-        service: Service, peer: PeerDouble, tmp_path: Path, how: str) -> None:
+        service: AnchoredLog, peer: PeerDouble, tmp_path: Path, how: str) -> None:
     service.grow(3)
     assert service.worker().run_once()  # size 3 anchored by the service
     sealed = service.grow(5)  # size 8, its note public through the API
@@ -143,7 +101,7 @@ def _stored_by_old_chaincode(double: GatewayDouble, size: int, note: str) -> Non
 
 
 def test_a_channel_jammed_by_the_old_chaincode_does_not_stop_anchoring(
-        service: Service, peer: PeerDouble, tmp_path: Path) -> None:
+        service: AnchoredLog, peer: PeerDouble, tmp_path: Path) -> None:
     service.grow(3)
     service.worker().run_once()
     sealed = service.grow(2)
@@ -170,7 +128,7 @@ def test_a_channel_jammed_by_the_old_chaincode_does_not_stop_anchoring(
     assert service.store.unreferenced_below(8) == 0
 
 
-def test_a_replayed_anchored_checkpoint_orders_no_transaction(service: Service) -> None:
+def test_a_replayed_anchored_checkpoint_orders_no_transaction(service: AnchoredLog) -> None:
     first = service.grow(3)
     service.anchor.anchor(first.note)
     blocks = len(service.double.ledger.blocks)
@@ -193,7 +151,7 @@ def _poll(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> 
 
 
 def test_anchor_metrics_refresh_on_a_timer_while_the_worker_backs_off(
-        service: Service) -> None:
+        service: AnchoredLog) -> None:
     service.anchor.anchor(service.grow(2).note)
     service.double.down = True  # an outage: every attempt fails, the backoff is long
     worker = service.worker(interval_s=0.05, max_backoff_s=3600.0, refresh_s=0.05).start()
@@ -212,7 +170,7 @@ def test_anchor_metrics_refresh_on_a_timer_while_the_worker_backs_off(
 
 
 def test_an_anchor_on_another_history_is_named_and_not_retried_soon(
-        service: Service, tmp_path: Path) -> None:
+        service: AnchoredLog, tmp_path: Path) -> None:
     from ledger import merkle
     from ledger.checkpoint import Checkpoint
 
@@ -275,7 +233,7 @@ def test_an_envelope_signed_by_another_member_is_the_orderers_forbidden_without_
 
 
 def test_a_note_over_the_chaincodes_cap_is_refused_not_resource_exhausted(
-        service: Service) -> None:
+        service: AnchoredLog) -> None:
     sealed = service.grow(3)
     # 5 MiB: past grpc's default 4 MiB, within a real peer's 100 MiB.
     big = sealed.note.decode() + "\u2014 other AAAAAAAA\n" * (5 * 1024 * 1024 // 16)
@@ -354,7 +312,7 @@ async def test_an_anchor_on_another_history_is_named_on_readyz_and_metrics(
     token = app[KEYS].create("bank-a", "client")[0]
     signer, origin = app[SIGNER], app[SIGNER].name
     foreign = signer.sign_checkpoint(Checkpoint(origin, 1, merkle.hash_leaf(b"elsewhere")))
-    SqlAnchorStore(app[LEDGER]).record(1, foreign, "local", "local:1")  # a restored copy
+    SqlAnchorStore(app[LEDGER].engine).record(1, foreign, "local", "local:1")  # a restored copy
     for _ in range(2):
         answer = await client.post("/v1/generate", json={"prompt": "hi", "max_new_tokens": 2},
                                    headers={"Authorization": f"Bearer {token}"})
@@ -371,3 +329,36 @@ async def test_an_anchor_on_another_history_is_named_on_readyz_and_metrics(
         await (await client.get("/metrics")).text()) for s in f.samples}
     assert samples["audit_anchor_conflict"] == 1.0
     assert samples["audit_anchor_consecutive_failures"] >= 1.0
+
+
+@pytest.mark.parametrize("how", JAMS)
+def test_verify_reads_the_anchor_of_a_channel_jammed_by_the_old_chaincode(
+        service: AnchoredLog, peer: PeerDouble, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], how: str) -> None:
+    """The old chaincode kept a member's re-spelling of the service's note as the latest
+    anchor. A verifier reading the channel takes the signature lines the old decoder
+    accepted, spelled canonically, and checks them with the pinned key as always."""
+    service.grow(3)
+    service.worker().run_once()
+    sealed = service.grow(2)
+    assert service.worker().run_once()  # size 5 anchored, then the old chaincode's copy
+    _stored_by_old_chaincode(service.double, 5, respell(sealed.note, how))
+    latest = service.anchor.latest_on_chain()
+    assert latest is not None and latest["size"] == 5
+    assert latest["note"] != sealed.note.decode()
+    identity = tmp_path / "client-cert.pem", tmp_path / "client-key.pem"
+    code, result = cli_json(
+        capsys, "verify", _record_id(service, 1), "--db", service.ledger.url,
+        "--log-key", load_or_create_signer(tmp_path / "log.key", ORIGIN).verifier().encode(),
+        "--fabric-endpoint", peer.endpoint, "--fabric-mspid", MSPID,
+        "--fabric-cert", str(identity[0]), "--fabric-key", str(identity[1]),
+        "--fabric-channel", CHANNEL)
+    assert code == 0, result["checks"][3]
+    assert result["checks"][3]["status"] == "pass"
+    assert "fabric:" in result["checks"][3]["reason"], result["checks"][3]
+
+
+def _record_id(service: AnchoredLog, leaf_index: int) -> str:
+    row = service.ledger.record_at(leaf_index)
+    assert row is not None
+    return row.record_id

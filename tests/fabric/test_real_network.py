@@ -222,7 +222,7 @@ def test_a_lost_commit_status_is_reconciled_from_a_real_channel(
         network.get("FABRIC_CHAINCODE", "anchor"), tls_ca=tls)
     gateway.lost = ("registration", 0)  # InitLog's status is not the one lost
     with SqlLedger(url) as ledger:
-        store = SqlAnchorStore(ledger)
+        store = SqlAnchorStore(ledger.engine)
         anchor = FabricAnchor(ledger, gateway, signer.verifier(), origin, store)
         anchor.register()
         gateway.lost = None
@@ -251,7 +251,7 @@ def _service(tmp_path: Path, network: dict[str, str]) -> tuple[SqlLedger, Fabric
     origin = f"real-outage-{uuid.uuid4().hex[:8]}.audit-ledger/log"
     signer = load_or_create_signer(tmp_path / "log.key", origin)
     ledger = SqlLedger(url)
-    store = SqlAnchorStore(ledger)
+    store = SqlAnchorStore(ledger.engine)
     anchor = FabricAnchor(ledger, gateway_of(network, timeout_s=5, commit_timeout_s=10),
                           signer.verifier(), origin, store)
     return ledger, anchor, Integrator(ledger, signer, origin), store

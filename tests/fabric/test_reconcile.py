@@ -13,73 +13,35 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import event
 
-from ledger.anchor.fabric import FabricAnchor, FabricGateway
+from ledger.anchor.fabric import FabricAnchor
 from ledger.anchor.local import LocalAnchor
-from ledger.anchor.store import SqlAnchorStore
 from ledger.anchor.worker import AnchorWorker
-from ledger.checkpoint import NoteSigner
 from ledger.errors import BackendUnavailableError
-from ledger.store.integrator import Integrator
 from ledger.store.keys import load_or_create_signer
 from ledger.store.migrate import upgrade
-from ledger.store.sql import SqlLedger, StoredCheckpoint
+from ledger.store.sql import SqlLedger
+from tests.fabric.anchored_log import AnchoredLog, anchored_log
 from tests.fabric.conftest import CHANNEL, gateway_for
-from tests.fabric.peer_double import GatewayDouble, PeerDouble
+from tests.fabric.peer_double import PeerDouble
 from tests.records import make_record
 
 ORIGIN = "reconcile-test.audit-ledger/log"
 
 
-@dataclass
-class Setup:
-    ledger: SqlLedger
-    anchor: FabricAnchor
-    gateway: FabricGateway
-    integrator: Integrator
-    store: SqlAnchorStore
-    double: GatewayDouble
-    next_record: int = 0
-
-    def grow(self, count: int) -> StoredCheckpoint:
-        for _ in range(count):
-            self.ledger.append(make_record(self.next_record))
-            self.next_record += 1
-        sealed = self.integrator.seal_now()
-        assert sealed is not None
-        return sealed
-
-    def chain(self, size: int) -> dict[str, Any]:
-        return self.anchor.checkpoint(size)
-
-    def block_on_chain(self, tx_id: str) -> int:
-        return self.double.committed[tx_id].block
-
-
 @pytest.fixture()
-def setup(peer: PeerDouble, client_identity: Any, tmp_path: Path) -> Iterator[Setup]:
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    upgrade(url)
-    signer: NoteSigner = load_or_create_signer(tmp_path / "log.key", ORIGIN)
-    with SqlLedger(url) as ledger:
-        gateway = gateway_for(peer, client_identity, timeout_s=5, commit_timeout_s=5)
-        store = SqlAnchorStore(ledger)
-        anchor = FabricAnchor(ledger, gateway, signer.verifier(), ORIGIN, store)
-        anchor.register()
-        assert peer.gateway is not None
-        yield Setup(ledger, anchor, gateway, Integrator(ledger, signer, ORIGIN), store,
-                    peer.gateway)
-        gateway.close()
+def setup(peer: PeerDouble, client_identity: Any, tmp_path: Path) -> Iterator[AnchoredLog]:
+    with anchored_log(peer, client_identity, tmp_path, ORIGIN) as log:
+        yield log
 
 
 def test_a_commit_status_lost_then_peer_down_is_reconciled_by_the_next_anchor(
-        setup: Setup) -> None:
+        setup: AnchoredLog) -> None:
     """The bug: the peer died while the worker waited on CommitStatus for a checkpoint
     that DID commit; the next anchor used the chain's size as its start, so the rows in
     between kept no reference for good."""
@@ -115,7 +77,7 @@ def test_a_commit_status_lost_then_peer_down_is_reconciled_by_the_next_anchor(
 
 
 def test_a_commit_status_lost_while_the_peer_stays_up_is_recorded_at_once(
-        setup: Setup) -> None:
+        setup: AnchoredLog) -> None:
     setup.anchor.anchor(setup.grow(2).note)
     sealed = setup.grow(4)
     setup.double.drop_commit_status = 1
@@ -128,7 +90,7 @@ def test_a_commit_status_lost_while_the_peer_stays_up_is_recorded_at_once(
 
 
 def test_b_resubmitting_an_anchored_checkpoint_records_the_original_transaction(
-        setup: Setup) -> None:
+        setup: AnchoredLog) -> None:
     """The bug: the chaincode accepted the same checkpoint idempotently, and the service
     recorded the NEW transaction's id (one that stored nothing). Now the chaincode refuses
     it at endorsement (ALREADY_ANCHORED: no transaction is ordered, no block used) and the
@@ -168,7 +130,7 @@ class _CrashOnRecordingTheAnchor:
         event.remove(self.engine, "before_cursor_execute", self)
 
 
-def test_c_crash_before_the_fabric_anchor_row_is_stored(setup: Setup) -> None:
+def test_c_crash_before_the_fabric_anchor_row_is_stored(setup: AnchoredLog) -> None:
     setup.anchor.anchor(setup.grow(3).note)
     sealed = setup.grow(3)
     crash = _CrashOnRecordingTheAnchor(setup.ledger)
@@ -209,7 +171,7 @@ def test_c_crash_before_the_local_anchor_row_is_stored(tmp_path: Path) -> None:
         assert anchor.store.unreferenced_below(4) == 0
 
 
-def test_an_mvcc_conflict_with_another_writer_is_reconciled(setup: Setup) -> None:
+def test_an_mvcc_conflict_with_another_writer_is_reconciled(setup: AnchoredLog) -> None:
     """Another replica's anchor wins the block: ours comes back MVCC_READ_CONFLICT (a
     result code, not an error) and the chain's newer anchor is recorded instead."""
     import threading
@@ -247,7 +209,7 @@ def test_an_mvcc_conflict_with_another_writer_is_reconciled(setup: Setup) -> Non
 
 
 def test_a_chain_anchor_that_is_not_this_databases_checkpoint_is_not_recorded(
-        setup: Setup, tmp_path: Path) -> None:
+        setup: AnchoredLog, tmp_path: Path) -> None:
     """Signed by the log's key, but this database has another root at that size (a
     restored backup, a fork): reconciliation refuses to record it."""
     from ledger import merkle
@@ -303,7 +265,7 @@ def test_two_replicas_registering_at_once_both_succeed(peer: PeerDouble, client_
             anchor.gateway.close()
 
 
-def test_rollback_because_another_replica_anchored_newer_is_reconciled(setup: Setup) -> None:
+def test_rollback_because_another_replica_anchored_newer_is_reconciled(setup: AnchoredLog) -> None:
     """Between our GetLatest and our submit another replica anchored a NEWER checkpoint:
     the chaincode answers ROLLBACK, and the newer anchor is recorded instead."""
     setup.anchor.anchor(setup.grow(2).note)

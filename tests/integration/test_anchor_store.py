@@ -26,7 +26,7 @@ def test_record_covers_every_unreferenced_row_below_the_size(ledger_url: str,
                                                              signer: NoteSigner) -> None:
     with SqlLedger(ledger_url) as ledger:
         _grow(ledger, 0, 6)
-        store = SqlAnchorStore(ledger)
+        store = SqlAnchorStore(ledger.engine)
         first = store.record(2, b"note-2", "fabric", "fabric:c:tx2:1")
         assert first.size == 2 and store.unreferenced_below(6) == 4
         # Size 4 is never recorded (its commit status was lost): size 6 covers rows 2..5.

@@ -131,7 +131,7 @@ def _coverage(url: str) -> list[tuple[int | None, str | None]]:
             row = ledger.record_at(leaf)
             assert row is not None
             single.append((row.checkpoint_size, row.anchor_ref))
-        page, _ = ledger.query(limit=1000)
+        page, _ = ledger.mirror.query(limit=1000)
     assert single == scanned == [(r.checkpoint_size, r.anchor_ref) for r in page]
     return scanned
 

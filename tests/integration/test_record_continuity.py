@@ -156,12 +156,12 @@ def test_a_mixed_v1_v2_log_verifies_audits_and_fscks(
 
     # The mirror answers filters through the environment: v1 rows by their own columns.
     with SqlLedger(url) as ledger:
-        h200, _ = ledger.query(accelerator_model="NVIDIA H200")
+        h200, _ = ledger.mirror.query(accelerator_model="NVIDIA H200")
         assert sorted(r.record_id for r in h200) == sorted(leaf.record_id for leaf, _ in records)
         assert all(r.columns["torch_version"] == "2.6.0" for r in h200)
-        acme, _ = ledger.query(tenant="acme", model_digest="sha256:" + "cd" * 32)
+        acme, _ = ledger.mirror.query(tenant="acme", model_digest="sha256:" + "cd" * 32)
         assert len(acme) == 2
-        v1_rows, _ = ledger.query(model_digest="sha256:" + "ab" * 32)
+        v1_rows, _ = ledger.mirror.query(model_digest="sha256:" + "ab" * 32)
         assert len(v1_rows) == 5
 
 

@@ -186,7 +186,7 @@ def test_sigstop_of_the_lease_holder_under_load(tmp_path: Path, tiny_model_dir: 
         assert report.ok, report.findings[:3]
         sealers = {c.sealed_by for c in ledger.iter_checkpoints()}
         assert survivor.name in sealers, sealers
-        anchored = SqlAnchorStore(ledger).latest()
+        anchored = SqlAnchorStore(ledger.engine).latest()
         assert anchored is not None and anchored.size > 0  # anchoring ran, and...
     for replica in replicas:  # ...only one replica anchored at a time: no collisions
         output = replica.output()
@@ -245,14 +245,14 @@ sys.stdin.readline()
 # The issue's case exactly: the frozen process holds the lease too, so nobody may fence it
 # until its lease session has expired and another replica has taken the lease.
 HOLD_LEASE_AND_TREE_STATE_MID_PIPELINE = HOLD_TREE_STATE_MID_PIPELINE.replace(
-    "import sys\n", "import sys\nfrom ledger.store.integrator import PostgresLease\n"
+    "import sys\n", "import sys\nfrom ledger.store.lease import PostgresLease\n"
     "from ledger.store.sql import SqlLedger\n"
     "lease = PostgresLease(SqlLedger(sys.argv[1]))\n"
     "assert lease.try_acquire(), 'the helper must hold the lease'\n", 1)
 
 HOLD_LEASE = """
 import sys
-from ledger.store.integrator import PostgresLease
+from ledger.store.lease import PostgresLease
 from ledger.store.sql import SqlLedger
 lease = PostgresLease(SqlLedger(sys.argv[1]))
 print("leader" if lease.try_acquire() else "follower", flush=True)
@@ -570,7 +570,7 @@ def test_the_lease_moves_off_a_frozen_holder(make_pg_database, tmp_path: Path) -
 
 
 def _anchored_size(ledger: SqlLedger) -> int:
-    latest = SqlAnchorStore(ledger).latest()
+    latest = SqlAnchorStore(ledger.engine).latest()
     return latest.size if latest else -1
 
 

@@ -15,8 +15,9 @@ import pytest
 
 from ledger import merkle
 from ledger.store.fsck import fsck
-from ledger.store.integrator import Integrator, PostgresLease
+from ledger.store.integrator import Integrator
 from ledger.store.keys import load_or_create_signer
+from ledger.store.lease import PostgresLease
 from ledger.store.migrate import upgrade
 from ledger.store.sql import SqlLedger
 from tests.integration.conftest import ORIGIN

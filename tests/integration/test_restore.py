@@ -143,22 +143,68 @@ def test_restore_from_a_bucket(ledger_url: str, signer: NoteSigner, witness: Cos
                                "proven_against": [20]}
 
 
-def test_restore_of_v2_leaves_names_what_it_lacks(signer: NoteSigner, witness: Cosigner,
-                                                  tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from ledger.publish.publisher import publish
-    from ledger.store.migrate import upgrade
-    from tests.tiny_log import build_log
+@pytest.fixture()
+def mixed(signer: NoteSigner, witness: Cosigner, tmp_path: Path) -> tuple[str, Path]:
+    """A log of 40 v1 records then 560 v2 leaves (two environments, two tenants),
+    appended by the writer, sealed, cosigned and published with its bodies."""
+    from tests.mixed_log import append_all, mixed_leaves
 
-    vectors = json.loads((Path(__file__).parents[1] / "vectors/leaves_v2.json").read_text())
-    envelope = vectors["leaves"]["record"]["envelope"].encode()
-    source = f"sqlite:///{tmp_path / 'v2.db'}"
-    upgrade(source)
-    [note] = build_log(source, 3, signer, ORIGIN, leaf=lambda i: envelope)
-    with SqlLedger(source) as ledger:
-        publish(ledger.engine, note, DirectorySink(tmp_path / "tlog"))
-    (tmp_path / "seen.note").write_bytes(note)
-    code, _, err = _restore(capsys, str(tmp_path / "tlog"), f"sqlite:///{tmp_path / 'r.db'}",
-                            signer, "--checkpoint", str(tmp_path / "seen.note"))
-    assert code == 1 and "leaf 0 is not a record this restore can mirror" in err
+    url = f"sqlite:///{tmp_path / 'mixed.db'}"
+    append_all(url, mixed_leaves(ORIGIN, 600, lambda i: BASE + timedelta(seconds=i), v1=40,
+                                 switch=300))
+    with SqlLedger(url) as ledger:
+        ledger.create_log_meta(ORIGIN, signer.verifier().encode())
+        sealed = ledger.seal_checkpoint(signer, ORIGIN)
+        assert sealed is not None
+        line = witness.cosign(Checkpoint.peek(sealed.note).body(), 1_790_000_000)
+        store_cosignature(ledger.engine, 600, witness.name, line, 1_790_000_000)
+        publish_latest(ledger, DirectorySink(tmp_path / "tlog"))
+    return url, tmp_path / "tlog"
+
+
+def _bodies_and_environments(url: str) -> tuple[list[Any], list[Any]]:
+    from sqlalchemy import text
+
+    with SqlLedger(url) as ledger, ledger.engine.connect() as conn:
+        bodies = conn.execute(text("SELECT leaf_index, body, environment_index FROM records "
+                                   "ORDER BY leaf_index")).all()
+        envs = conn.execute(text("SELECT * FROM environments ORDER BY leaf_index")).all()
+    return [tuple(r) for r in bodies], [tuple(r) for r in envs]
+
+
+def test_restore_of_a_mixed_v1_v2_log_rebuilds_bodies_environments_and_mirror(
+        mixed: tuple[str, Path], signer: NoteSigner, witness: Cosigner, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    source, folder = mixed
+    url = f"sqlite:///{tmp_path / 'restored.db'}"
+    code, out, err = _restore(capsys, str(folder), url, signer, "--witness",
+                              witness.witness_key.encode())
+    assert code == 0, err
+    assert "restored 600 leaves" in out
+    assert _rows(url) == _rows(source)  # the mirror: v2 rows' columns via environments
+    bodies, envs = _bodies_and_environments(url)
+    assert (bodies, envs) == _bodies_and_environments(source)
+    assert [e[0] for e in envs] == [40, 300] and bodies[41][2] == 40
+    with SqlLedger(url) as restored:
+        from tests.mixed_log import MODEL_B
+        found, _ = restored.mirror.query(model_digest=MODEL_B, limit=1000)
+        assert sorted(r.leaf_index for r in found) == list(range(301, 600))
+    capsys.readouterr()
+    assert main(["log", "--db", url, "--log-key", signer.verifier().encode(), "--no-state",
+                 "fsck"]) == 0, capsys.readouterr()
+
+
+def test_restore_of_v2_leaves_names_the_body_file_it_lacks(
+        mixed: tuple[str, Path], signer: NoteSigner, witness: Cosigner, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from ledger.leaves.envelope import tenant_tag
+
+    _, folder = mixed
+    missing = f"bodies/{tenant_tag(ORIGIN, 'bank-b')[len('sha256:'):]}/001"
+    (folder / missing).unlink()
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    code, _, err = _restore(capsys, str(folder), url, signer, "--witness",
+                            witness.witness_key.encode())
+    assert code == 1 and f"{missing} is not published: the bodies of leaves 257.. cannot " \
+                         "be restored" in err
     assert not (tmp_path / "r.db").exists()

@@ -249,23 +249,23 @@ def test_query_filters_and_cursor_pagination(ledger_url: str) -> None:
             ledger.append(make_record(i, tenant="bank-a" if i % 3 else "bank-b",
                                       driver="550.54.15" if i < 20 else "560.1",
                                       created_at=f"2026-11-{10 + i // 10:02d}T08:00:{i:02d}.000Z"))
-        rows, cursor = ledger.query(tenant="bank-a", limit=7)
+        rows, cursor = ledger.mirror.query(tenant="bank-a", limit=7)
         seen = [r.leaf_index for r in rows]
         while cursor:
-            rows, cursor = ledger.query(tenant="bank-a", limit=7, cursor=cursor)
+            rows, cursor = ledger.mirror.query(tenant="bank-a", limit=7, cursor=cursor)
             seen += [r.leaf_index for r in rows]
         assert seen == [i for i in range(30) if i % 3]
-        rows, _ = ledger.query(driver_version="560.1", since=datetime(2026, 11, 12),
+        rows, _ = ledger.mirror.query(driver_version="560.1", since=datetime(2026, 11, 12),
                                until=datetime(2026, 11, 13))
         assert [r.leaf_index for r in rows] == list(range(20, 30))
-        rows, _ = ledger.query(since=datetime(2026, 11, 11), until=datetime(2026, 11, 12),
+        rows, _ = ledger.mirror.query(since=datetime(2026, 11, 11), until=datetime(2026, 11, 12),
                                accelerator_model="NVIDIA H200", tenant="bank-b")
         assert [r.leaf_index for r in rows] == [12, 15, 18]
         with pytest.raises(InvalidInputError) as info:
-            ledger.query(cursor="garbage")
+            ledger.mirror.query(cursor="garbage")
         assert info.value.field == "cursor"
         with pytest.raises(InvalidInputError) as info:
-            ledger.query(colour="blue")
+            ledger.mirror.query(colour="blue")
         assert info.value.field == "colour"
 
 

@@ -18,6 +18,7 @@ from audit_cli.windows import leaf_filter
 from ledger.checkpoint import Checkpoint, NoteSigner
 from ledger.client.tiles import HttpTiles, TiledLog
 from ledger.cosignature import Cosigner, add_cosignatures
+from ledger.errors import BackendUnavailableError
 from ledger.publish.directory import DirectorySink
 from ledger.publish.publisher import publish
 from ledger.store.migrate import upgrade
@@ -195,8 +196,10 @@ class Recording(HttpTiles):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.fetched: list[bytes] = []
+        self.paths: list[str] = []
 
     def get(self, path: str) -> bytes | None:
+        self.paths.append(path)
         data = super().get(path)
         if data is not None:
             self.fetched.append(data)
@@ -254,3 +257,174 @@ def test_the_filter_skips_only_records_that_cannot_match() -> None:
     escaped = plain.replace(b'"bank-1"', b'"bank\\u002d1"')
     assert escaped != plain and keep(0, escaped)
     assert not keep(0, make_record(3, tenant="bank-10").canonical)
+
+
+# --- v2 filters through the published bodies and environment leaves -------------------------
+
+SWITCH = 250  # the environment changes (model B, driver B) at this leaf
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory, keys: Any) -> tuple[str, Path]:
+    """50 v1 records, then v2 leaves of bank-a/bank-b under environment A (leaf 50) and
+    B (leaf 250), appended by the writer, sealed, cosigned and published to a folder."""
+    return _publish_mixed(tmp_path_factory.mktemp("mixed"), keys, v1=50)
+
+
+@pytest.fixture(scope="module")
+def v2_only(tmp_path_factory: pytest.TempPathFactory, keys: Any) -> tuple[str, Path]:
+    """As ``mixed`` with no v1 record: environment A is leaf 0 (a tenant may read every
+    entry bundle)."""
+    return _publish_mixed(tmp_path_factory.mktemp("v2only"), keys, v1=0)
+
+
+def _publish_mixed(folder: Path, keys: Any, v1: int) -> tuple[str, Path]:
+    from ledger.witness.cosignatures import store_cosignature
+    from tests.mixed_log import append_all, mixed_leaves
+
+    signer, witness = keys
+    url = f"sqlite:///{folder / 'log.db'}"
+    append_all(url, mixed_leaves(ORIGIN, COUNT, _when, v1=v1, switch=SWITCH))
+    with SqlLedger(url) as ledger:
+        ledger.create_log_meta(ORIGIN, signer.verifier().encode())
+        sealed = ledger.seal_checkpoint(signer, ORIGIN)
+        assert sealed is not None
+        line = witness.cosign(Checkpoint.peek(sealed.note).body(), 1_790_000_000)
+        store_cosignature(ledger.engine, COUNT, witness.name, line, 1_790_000_000)
+        from ledger.publish.worker import publish_latest
+        publish_latest(ledger, DirectorySink(folder / "tlog"))
+    return url, folder / "tlog"
+
+
+def test_v2_window_applies_every_filter_through_the_environment_leaves(
+        mixed: tuple[str, Path], keys: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.mixed_log import DRIVER_A, MODEL_B
+
+    _, folder = mixed
+    query = ["query", "--prove", "--json", "--tiles", str(folder), "--since",
+             SINCE.isoformat(), "--until", UNTIL.isoformat(), *_trust(keys)]
+    cases = [  # (filters, the leaves that must match)
+        (["--model-digest", MODEL_B], set(range(SWITCH + 1, 400))),
+        (["--driver-version", DRIVER_A], set(range(100, SWITCH))),
+        (["--tenant", "bank-b", "--model-digest", MODEL_B], set(range(SWITCH + 1, 400, 2))),
+        (["--accelerator-model", "NVIDIA H200", "--service-revision", "b" * 40],
+         set(range(100, 400)) - {SWITCH}),
+        (["--tenant", "bank-a", "--driver-version", "no-such-driver"], set()),
+    ]
+    for filters, expected in cases:
+        code, out, err = cli_text(capsys, *query, *filters)
+        assert code == 0, (filters, err)
+        result = json.loads(out)
+        assert (result["start"], result["end"]) == (89, 411)
+        assert {r["leaf_index"] for r in result["records"]} == expected, filters
+
+
+def test_v2_window_refuses_a_body_that_is_not_its_envelopes(
+        mixed: tuple[str, Path], keys: Any, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    from ledger import body_bundles, tiles
+
+    _, folder = mixed
+    copy_dir = tmp_path / "tlog"
+    shutil.copytree(folder, copy_dir)
+    entries = tiles.decode_bundle((folder / "tile/entries/001").read_bytes(), 256)
+    tag = body_bundles.envelope_tag(entries[0])
+    path = copy_dir / body_bundles.body_path(tag, tiles.TileRef(0, 1, entries=True))
+    bodies = body_bundles.decode_bodies(path.read_bytes())
+    swapped = [bodies[1], bodies[0], *bodies[2:]]  # two bodies of one tenant, swapped
+    path.chmod(0o644)
+    path.write_bytes(tiles.encode_bundle(swapped))
+    code, _, err = cli_text(capsys, "query", "--prove", "--tiles", str(copy_dir),
+                            "--since", SINCE.isoformat(), "--until", UNTIL.isoformat(),
+                            "--model-digest", "sha256:" + "00" * 32, *_trust(keys))
+    assert code == 1 and "the published body of leaf 256 does not hash to its " \
+                         "envelope's body digest" in err
+
+
+def test_tenant_auditor_filters_its_v2_records_by_model_without_other_tenants_bodies(
+        v2_only: tuple[str, Path], keys: Any) -> None:
+    from ledger.client.proved_window import prove_filtered_window
+    from ledger.leaves.envelope import tenant_tag
+    from tests.mixed_log import MODEL_B
+
+    url, _ = v2_only
+    signer, _ = keys
+    ledger = SqlLedger(url)
+    try:
+        with tiles_service(ledger) as (base, tokens):
+            source = Recording(base, tokens["client"])  # bank-a's own key, role client
+            checkpoint = signer.verifier().open_checkpoint(source.get("checkpoint") or b"")
+            log = TiledLog(source, checkpoint)
+            answer, _ = prove_filtered_window(log, SINCE, UNTIL, {
+                "tenant": "bank-a", "model_digest": MODEL_B})
+            other = tenant_tag(ORIGIN, "bank-b")[len("sha256:"):]
+            refused = HttpTiles(base, tokens["client"])
+            with pytest.raises(BackendUnavailableError, match="HTTP 403"):
+                refused.get(f"bodies/{other}/001")
+            auditor = HttpTiles(base, tokens["auditor"])  # all tenants: every body
+            assert auditor.get(f"bodies/{other}/001")
+    finally:
+        ledger.engine.dispose()
+    assert answer.summary() == "complete: every leaf in [89, 411) read and checked, " \
+                               "74 matched"
+    assert answer.matched == list(range(SWITCH + 2, 400, 2))
+    received = b"".join(source.fetched)
+    assert b"bank-b" not in received and b'"tenant":"bank-a"' in received
+    assert all(f"/{other}/" not in path for path in source.paths)
+
+
+def test_window_filter_without_bodies_names_the_filter() -> None:
+    from ledger.errors import InvalidInputError
+    from tests.mixed_log import mixed_leaves
+
+    leaves = mixed_leaves(ORIGIN, 3, _when)
+    keep = leaf_filter({"tenant": "bank-b", "model_digest": "sha256:" + "00" * 32}, ORIGIN)
+    assert not keep(2, leaves[2].canonical)  # bank-a's: excluded by its tag, no body read
+    with pytest.raises(InvalidInputError, match="model-digest: v2 leaves are filtered by it "
+                                                "through their bodies"):
+        keep(1, leaves[1].canonical)
+
+
+def test_the_tenant_fast_path_still_refuses_a_second_tenant_member() -> None:
+    from ledger.errors import CanonicalFormError
+
+    keep = leaf_filter({"tenant": "bank-1"}, ORIGIN)
+    plain = make_record(1, tenant="bank-1").canonical
+    # Two tenant members: the fast path does not decide; the strict parser refuses it.
+    doubled = plain.replace(b'"tenant":"bank-1"', b'"tenant":"bank-2","tenant":"bank-1"')
+    with pytest.raises(CanonicalFormError, match="duplicate key 'tenant'"):
+        keep(0, doubled)
+    # A prefix of the tenant's name is not the tenant.
+    assert not keep(0, plain.replace(b'"tenant":"bank-1"', b'"tenant":"bank-1x"'))
+
+
+def test_a_library_caller_proves_a_filtered_window_from_the_log_tables(
+        mixed: tuple[str, Path], keys: Any) -> None:
+    """What the console's search calls: the tables as a tile source, same answer as the
+    published tiles, the witness policy applied."""
+    from ledger.client.proved_window import prove_window_from
+    from ledger.store.tile_reads import StoreTiles
+    from ledger.window import WindowError
+    from ledger.witness.cosignatures import cosigned_note
+    from tests.mixed_log import MODEL_B
+
+    url, _ = mixed
+    signer, witness = keys
+    with SqlLedger(url) as ledger:
+        latest = ledger.latest_checkpoint()
+        assert latest is not None
+        source = StoreTiles(ledger.engine, cosigned_note(ledger, latest.size, latest.note))
+        answer, _, vouched = prove_window_from(
+            source, signer.verifier(), SINCE, UNTIL, {"tenant": "bank-b",
+                                                      "model_digest": MODEL_B},
+            witnesses=[witness.witness_key])
+        other = Cosigner("witness.other", Ed25519PrivateKey.generate())
+        with pytest.raises(WindowError, match="carries 1 valid cosignatures of the 2 needed"):
+            prove_window_from(source, signer.verifier(), SINCE, UNTIL, {},
+                              witnesses=[witness.witness_key, other.witness_key])
+    assert vouched == "witnessed by witness.test"
+    assert answer.summary() == "complete: every leaf in [89, 411) read and checked, " \
+                               "75 matched"
+    assert answer.matched == list(range(SWITCH + 1, 400, 2))

@@ -16,8 +16,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from ledger.checkpoint import Checkpoint, NoteSigner
 from ledger.cosignature import WitnessKey, valid_cosigners
 from ledger.errors import BackendUnavailableError
+from ledger.store.log_api import StoredCheckpoint
 from ledger.store.migrate import upgrade
-from ledger.store.sql import SqlLedger, StoredCheckpoint
+from ledger.store.sql import SqlLedger
 from ledger.witness.client import WitnessClient, WitnessEndpoint, WitnessRejected
 from ledger.witness.cosignatures import cosignature_lines, cosigned_note
 from ledger.witness.state import WitnessStore

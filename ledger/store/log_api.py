@@ -1,0 +1,158 @@
+"""The log by role (decision 0042): ``Appender`` adds leaves, ``LogReader`` reads the
+tree, its checkpoints and its leaves, ``CheckpointSealer`` signs a new tree head.
+
+Callers that only need a role take that Protocol, so the SQL drivers
+(``ledger.store.sql.SqlLedger``, SQLite and PostgreSQL) and the in-memory twin
+(``ledger.store.memory.MemoryLog``) are interchangeable to them. This module holds only
+the Protocols and the values they hand out: it imports no database library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from ledger import merkle
+from ledger.checkpoint import NoteSigner
+from ledger.errors import LedgerError
+from ledger.leaves.body_codec import unpack_body
+from ledger.leaves.envelope import Leaf
+from ledger.record import AuditRecord
+
+# What the log appends: a v1 record (its bytes are the leaf) or a v2 leaf (decision 0026).
+LogLeaf = AuditRecord | Leaf
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What an acknowledged append returns: enough to ask for a proof later."""
+
+    record_id: str
+    leaf_index: int
+    leaf_hash: bytes
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    size: int
+    root: bytes
+    note: bytes
+    sealed_at: datetime
+    sealed_by: str | None = None  # the replica that sealed it; not part of the signed note
+
+
+@dataclass(frozen=True)
+class LogMeta:
+    """The log's identity, fixed when it was created."""
+
+    origin: str
+    verifier_key: str  # the signed-note verifier key (name = origin) of its signing key
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class RecordRow:
+    leaf_index: int
+    record_id: str
+    created_at: datetime
+    tenant: str
+    columns: dict[str, Any]
+    canonical: bytes  # a v1 record's bytes, or a v2 leaf's envelope
+    checkpoint_size: int | None  # the first checkpoint covering it (derived, not stored)
+    anchor_ref: str | None  # the first anchor covering it (derived, not stored)
+    stored_body: bytes | None = None  # a v2 leaf's body as stored (None for v1)
+    environment_index: int | None = None  # the environment leaf of a v2 record
+
+    @property
+    def body(self) -> bytes | None:
+        """A v2 leaf's body (None for v1). Stored bytes that do not unpack are handed on as
+        they are: they then fail the envelope's digest (verify check 1, audit, fsck)."""
+        if self.stored_body is None:
+            return None
+        try:
+            return unpack_body(self.stored_body)
+        except LedgerError:
+            return self.stored_body
+
+    @property
+    def leaf_body(self) -> bytes:
+        """The record as readers parse it: a v1 record's bytes, a v2 leaf's body."""
+        body = self.body
+        return self.canonical if body is None else body
+
+
+def parse_timestamp(text: str) -> datetime:
+    """RFC 3339 text to a naive UTC datetime (the mirror stores UTC without a zone)."""
+    moment = datetime.fromisoformat(text)
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC).replace(tzinfo=None)
+    return moment
+
+
+class Appender(Protocol):
+    """Adds leaves. Every answer (a future, a receipt) comes only once the leaf is
+    durable: committed on the driver's storage, or held by the twin."""
+
+    @property
+    def writer_alive(self) -> bool:
+        """False once the writer has died (appends then fail at once)."""
+
+    def submit(self, leaf: LogLeaf) -> Future[Receipt]:
+        """Queue an append; the future resolves once it is durable."""
+
+    def append(self, leaf: LogLeaf, timeout: float | None = 60.0) -> Receipt:
+        """Append and wait for durability (at most ``timeout`` seconds)."""
+
+    async def append_async(self, leaf: LogLeaf) -> Receipt:
+        """Append from asyncio; returns once durable."""
+
+    async def append_many_async(self, leaves: Sequence[LogLeaf]
+                                ) -> list[Receipt | BaseException]:
+        """Append a batch together; each outcome is that leaf's receipt or its own error
+        (one clashing record id does not fail the others)."""
+
+
+class LogReader(Protocol):
+    """Reads the committed tree (RFC 9162 hashes and proofs), its checkpoints and its
+    leaves. Sizes beyond the committed tree are refused (``InvalidInputError``)."""
+
+    def tree_head(self) -> tuple[int, bytes]:
+        """The committed tree size and root (not necessarily sealed in a checkpoint)."""
+
+    def read_nodes(self, keys: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
+        """Perfect-subtree hashes by (level, index); absent keys are left out."""
+
+    def root(self, size: int) -> bytes: ...
+
+    def leaf_hash(self, index: int) -> bytes: ...
+
+    def inclusion_proof(self, index: int, size: int) -> list[bytes]: ...
+
+    def consistency_proof(self, size1: int, size2: int) -> list[bytes]: ...
+
+    def latest_checkpoint(self) -> StoredCheckpoint | None: ...
+
+    def checkpoint(self, size: int) -> StoredCheckpoint | None: ...
+
+    def iter_checkpoints(self) -> Iterator[StoredCheckpoint]:
+        """Every checkpoint, smallest first."""
+
+    def record_at(self, leaf_index: int) -> RecordRow | None: ...
+
+    def get_record(self, record_id: str) -> RecordRow | None: ...
+
+    def iter_records(self, start: int = 0, end: int | None = None,
+                     batch: int = 5000) -> Iterator[RecordRow]:
+        """The leaves ``start <= leaf_index < end``, in index order."""
+
+
+class CheckpointSealer(Protocol):
+    """Signs the current tree head (the integrator's one write)."""
+
+    def seal_checkpoint(self, signer: NoteSigner, origin: str, sealed_by: str | None = None,
+                        lock_wait_s: float | None = None) -> StoredCheckpoint | None:
+        """A checkpoint of the current head if the tree grew since the last; else None.
+        ``SequencerBusyError`` when ``lock_wait_s`` ran out behind another writer."""

@@ -8,7 +8,7 @@ names the report's digest, and ``bundle.json`` is the evidence bundle of the sam
 (``audit-ledger verify --bundle``). The report holds an SLO compliance section (targets
 from the same ``AUDIT_LEDGER_SLO_*`` settings as the service, measured from the records'
 own timings and the readiness history of the range). Last, the report's digest is
-appended to the log as a ``report-record/v1`` leaf; its id is printed and written to
+appended to the log as a ``report-record/v2`` leaf; its id is printed and written to
 ``report.record.json``, and once the service has sealed it, ``audit-ledger verify <id>
 --db ...`` proves the report existed unchanged. Exit 0 when the audit is complete and
 every checkpoint in range verifies, 1 otherwise (the report is written either way and
@@ -34,6 +34,7 @@ from audit_cli.options import print_json
 from audit_cli.report_pack import MANIFEST, write_manifest
 from ledger.content_records import ERASURE_SCHEMA
 from ledger.errors import BackendError, InvalidInputError, LedgerError
+from ledger.leaves.content_leaves import ERASURE_KIND
 from ledger.leaves.record_v2 import RECORD_KIND
 from ledger.record import RECORD_SCHEMA
 
@@ -163,7 +164,7 @@ def gather(args: argparse.Namespace) -> ReportData:
                                                tenant=args.tenant)
             for r in page:
                 body = json.loads(r.leaf_body)
-                if body.get("schema") == ERASURE_SCHEMA:
+                if body.get("schema") in (ERASURE_SCHEMA, ERASURE_KIND):
                     section = body.get("erasure") or {}
                     data.erasures.append((r.leaf_index, r.record_id, r.created_at,
                                           len(section.get("records") or []),
@@ -493,18 +494,22 @@ def _rfc3339(moment: datetime) -> str:
 
 
 def log_report(args: argparse.Namespace, data: ReportData, digest: str) -> dict[str, Any]:
-    """Append the report's digest as a ``report-record/v1`` leaf, through the normal
+    """Append the report's digest as a ``report-record/v2`` leaf, through the normal
     ledger append; write its id beside the digest. The service's integrator seals it."""
     from audit_cli.cmd_retention import operator_name
-    from ledger.record import AuditRecord, new_record_id, utc_timestamp
-    from ledger.report_record import report_body
+    from ledger.leaves.report import build_report
+    from ledger.record import new_record_id, utc_timestamp
+    from ledger.store.log_origin import stored_origin
     from ledger.store.sql import SqlLedger
 
-    record = AuditRecord.from_body(report_body(
-        leaf_id=new_record_id(), created_at=utc_timestamp(), digest=digest,
-        since=_rfc3339(data.since), until=_rfc3339(data.until), scope_tenant=data.tenant,
-        made_by=args.made_by or operator_name(), file=MANIFEST))
     with SqlLedger(args.db) as ledger:
+        with ledger.engine.connect() as conn:
+            origin = stored_origin(conn)  # the report leaf's tenant tag is of this log
+        record = build_report(
+            origin=origin, leaf_id=new_record_id(), created_at=utc_timestamp(),
+            digest=digest, since=_rfc3339(data.since), until=_rfc3339(data.until),
+            scope_tenant=data.tenant, made_by=args.made_by or operator_name(),
+            file=MANIFEST)
         receipt = ledger.append(record)
     logged = {"record_id": receipt.record_id, "leaf_index": receipt.leaf_index,
               "digest": digest, "leaf_hash": receipt.leaf_hash.hex()}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -157,7 +158,7 @@ def _report(args: argparse.Namespace, vault: Any, journal: Any) -> None:
     """Per subject: its records (from the vault's keyed hashes) and the access and erasure
     leaves about them (from the tenant's mirror rows)."""
     from ledger.content_records import ACCESS_SCHEMA, ERASURE_SCHEMA
-    from ledger.record import AuditRecord
+    from ledger.leaves.content_leaves import ACCESS_KIND, ERASURE_KIND
 
     rows = vault.rows(args.tenant, args.subject)
     ids = {r.record_id for r in rows}
@@ -167,15 +168,15 @@ def _report(args: argparse.Namespace, vault: Any, journal: Any) -> None:
     while ids:
         page, cursor = journal.mirror.query(tenant=args.tenant, limit=1000, cursor=cursor)
         for row in page:
-            if row.body is not None:  # a v2 leaf: never an access or erasure record
-                continue
-            body = AuditRecord.from_canonical(row.canonical).body
-            if body["schema"] == ACCESS_SCHEMA and body["access"]["record_id"] in ids:
+            body = json.loads(row.leaf_body)  # both formats: v1 and v2 share these members
+            if body["schema"] in (ACCESS_SCHEMA, ACCESS_KIND) \
+                    and body["access"]["record_id"] in ids:
                 reads.append({"leaf_index": row.leaf_index, "at": body["created_at"],
                               "record_id": body["access"]["record_id"],
                               "purpose": body["access"]["purpose"],
                               "by": body["access"]["accessor"]})
-            elif body["schema"] == ERASURE_SCHEMA and ids & set(body["erasure"]["records"]):
+            elif body["schema"] in (ERASURE_SCHEMA, ERASURE_KIND) \
+                    and ids & set(body["erasure"]["records"]):
                 erasures.append({"leaf_index": row.leaf_index, "at": body["created_at"],
                                  "erasure_record_id": body["record_id"],
                                  "reason": body["erasure"]["reason"]})

@@ -39,8 +39,7 @@ from ledger.errors import LeafBindingError, LedgerError, VerificationError
 from ledger.leaves import commitments
 from ledger.leaves.envelope import Leaf, is_envelope
 from ledger.leaves.environment import ENVIRONMENT_KIND, fingerprints
-from ledger.leaves.kinds import open_leaf
-from ledger.leaves.record_v2 import RECORD_KIND
+from ledger.leaves.kinds import NAMES_ENVIRONMENT, open_leaf
 from ledger.record import validate_body
 
 CHECK_NAMES = {
@@ -382,7 +381,7 @@ def _check_leaf_v2(verdict: Verdict, evidence: Evidence, leaf: bytes, origin: st
         return None
     reason = (f"envelope and body open as {opened.kind}; leaf hash {leaf.hex()} at index "
               f"{evidence.leaf_index}")
-    if opened.kind == RECORD_KIND:
+    if opened.kind in NAMES_ENVIRONMENT:  # a record or a stream start
         try:
             environment = _check_environment(opened, evidence.leaf_index,
                                              evidence.environment, origin)
@@ -529,16 +528,20 @@ def _cosigners(note: bytes, witnesses: tuple[WitnessKey, ...]) -> dict[str, int]
 def opens_commitment(body: dict[str, Any], key: str, salt: bytes, value: bytes) -> bool:
     """Does ``salt`` open the record's commitment ``key`` (v1 ``input_commitment`` /
     ``output_commitment``) to ``value``? A v2 record holds them as labelled HMACs."""
-    if body.get("schema") == RECORD_KIND:
+    if isinstance(body.get("commitments"), dict):  # a v2 record or stream start
         label = commitments.INPUT if key == "input_commitment" else commitments.OUTPUT
-        return commitments.opens(str(body["commitments"][label]), salt, label, value)
+        held = body["commitments"].get(label)
+        return held is not None and commitments.opens(str(held), salt, label, value)
     return commitment_matches(str(body.get("data", {}).get(key, "")), salt, value)
 
 
 def _check_disclosure(verdict: Verdict, body: dict[str, Any], disclosure: Disclosure) -> None:
     data = body.get("data", {})
-    if body.get("schema") == RECORD_KIND:  # the names check 5 looks for, present
-        data = {"input_commitment": True, "output_commitment": True}
+    if isinstance(body.get("commitments"), dict):  # v2: the names check 5 looks for
+        held = body["commitments"]
+        data = {f"{label}_commitment": True for label in (commitments.INPUT,
+                                                          commitments.OUTPUT)
+                if label in held}
     given = any(v is not None for v in (disclosure.prompt, disclosure.input_salt,
                                         disclosure.output, disclosure.output_salt))
     if given and "input_commitment" not in data and "output_commitment" not in data:

@@ -27,10 +27,13 @@ fi
 
 # Debian's Chromium for the console's browser tests (Playwright drives it; Playwright's
 # own browser download is never used) and for `report --pdf`; poppler-utils' pdftoppm
-# turns the report's PDF pages into images in a test. Root; quiet and idempotent.
-if ! command -v chromium > /dev/null 2>&1 || ! command -v pdftoppm > /dev/null 2>&1; then
+# turns the report's PDF pages into images in a test; haproxy runs the shipped
+# deploy/haproxy configuration in front of two replicas in a test. Root; quiet and
+# idempotent.
+if ! command -v chromium > /dev/null 2>&1 || ! command -v pdftoppm > /dev/null 2>&1 \
+        || ! { command -v haproxy || test -x /usr/sbin/haproxy; } > /dev/null 2>&1; then
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        --no-install-recommends chromium poppler-utils; } > "$VENV/apt.log" 2>&1 \
+        --no-install-recommends chromium poppler-utils haproxy; } > "$VENV/apt.log" 2>&1 \
         || { tail -20 "$VENV/apt.log" >&2; exit 1; }
 fi
 

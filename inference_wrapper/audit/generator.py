@@ -25,10 +25,11 @@ from inference_wrapper.engine.protocol import EngineBatch, EngineClient, EngineR
 from ledger.canonical import Canonical, json_number
 from ledger.digest import commit_text, new_salt
 from ledger.errors import InvalidInputError
-from ledger.leaves.commitments import row_commitments
+from ledger.leaves.commitments import INPUT, STOP, USER, commit, row_commitments, stop_bytes
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.environment import build_environment, environment_sections
 from ledger.leaves.record_v2 import EnvironmentRef, RowFacts, build_records_v2
+from ledger.leaves.stream_start import build_stream_start_v2
 from ledger.record import (
     AuditRecord,
     RecordFamily,
@@ -156,6 +157,17 @@ def environment_leaf(environment: Mapping[str, Any]) -> Leaf:
         hardware=environment["hardware"], software=environment["software"],
         tokenization_contract=environment["tokenization_contract"],
         generation_config_digest=str(environment["generation_config_digest"]))
+
+
+def start_commitments(request: PreparedRequest) -> dict[str, str]:
+    """A stream start's commitments: the prompt and, when given, the stop strings and
+    the user, under the request's own salts and labels (the completed record's values)."""
+    result = {INPUT: commit(request.input_salt, INPUT, request.prompt.encode("utf-8"))}
+    if request.stop:
+        result[STOP] = commit(request.input_salt, STOP, stop_bytes(request.stop))
+    if request.user is not None:
+        result[USER] = commit(request.user_salt, USER, request.user.encode("utf-8"))
+    return result
 
 
 @dataclass
@@ -485,9 +497,24 @@ class AuditedGenerator:
                              request.output_salt, output_ids,
                              request.user_salt if request.user is not None else None)
 
-    def stream_start(self, request: PreparedRequest, route: str) -> AuditRecord:
-        """The start record of a streamed request: input commitment, fingerprints and
-        parameters, committed before any of its tokens leaves the server."""
+    def stream_start(self, request: PreparedRequest, route: str,
+                     log: LogBinding | None = None) -> AuditRecord | Leaf:
+        """The start leaf of a streamed request, committed before any of its tokens
+        leaves the server: an ``audit-stream-start/v2`` naming the first engine's
+        environment leaf in the log ``log`` names (raises ``EnvironmentNotLoggedError``
+        while it has none), commitments under the request's salts and the parameters.
+        Without a log, the ``audit-stream-start/v1`` record of before (tests, vectors)."""
+        if log is not None:
+            environment = self.environment()
+            ref = log.ref_for(environment)
+            if ref is None:
+                raise EnvironmentNotLoggedError(
+                    f"engine {environment['engine']}: its environment has no leaf in the "
+                    "log yet")
+            return build_stream_start_v2(
+                origin=log.origin, tenant=request.tenant, engine=str(environment["engine"]),
+                environment=ref, commitments=start_commitments(request),
+                generation=request.params.to_dict(), route=route)
         return build_stream_start(
             tenant=request.tenant, **self.sections(self.environment()),
             input_commitment=commit_text(request.input_salt, request.prompt),

@@ -620,8 +620,8 @@ async def plots_page(request: web.Request) -> web.Response:
     capped = (f"<p>Only the first {PLOT_MAX_RECORDS} records of the range are plotted.</p>"
               if len(points) >= PLOT_MAX_RECORDS else "")
     main = template("plots.html").substitute(
-        since=escape(since.isoformat(timespec="minutes")),
-        until=escape(until.isoformat(timespec="minutes")), count=len(points), capped=capped,
+        since=escape(_iso(since)),
+        until=escape(_iso(until)), count=len(points), capped=capped,
         rpm=bar_chart_svg(per_minute(points), title="records (requests) per minute"),
         timeline=timeline_svg(points, changes), change_rows=change_rows,
         latency=phase_charts_svg(points, title="p50 and p99 per minute (from the records' "

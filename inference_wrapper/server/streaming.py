@@ -143,8 +143,10 @@ async def stream_answer(request: web.Request, prepared: PreparedRequest, model: 
         slot = batcher.reserve()
     except (QueueFullError, ShuttingDownError) as exc:
         raise not_admitted(exc) from exc
-    start = generator.stream_start(prepared, request.path)
     try:
+        if batcher.log is not None and batcher.log.ref_for(generator.environment()) is None:
+            await batcher.log_environment(generator.environment())  # before the start names it
+        start = generator.stream_start(prepared, request.path, batcher.log)
         started = await journal.append_async(start)
     except BackendError as exc:  # nothing is in the log; its text may hold SQL: not sent
         slot.release()

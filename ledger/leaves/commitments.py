@@ -76,14 +76,17 @@ def row_commitments(*, input_salt: bytes, output_salt: bytes, prompt: str,
     return result
 
 
-def validate_commitments(value: object, field: str = "record.commitments") -> None:
-    """A body's ``commitments``: the required labels, known ones only, each well formed."""
+def validate_commitments(value: object, field: str = "record.commitments", *,
+                         required: frozenset[str] = REQUIRED_LABELS,
+                         optional: frozenset[str] = frozenset((STOP, USER))) -> None:
+    """A body's ``commitments``: the ``required`` labels, else only ``optional`` ones,
+    each well formed (an ``audit-record/v2`` by default)."""
     if not isinstance(value, Mapping):
         raise CanonicalFormError("must be an object", field=field)
     keys = set(value)
-    if not REQUIRED_LABELS <= keys or not keys <= LABELS:
+    if not required <= keys or not keys <= required | optional:
         raise CanonicalFormError(
-            f"must hold {sorted(REQUIRED_LABELS)} and optionally stop, user; "
+            f"must hold {sorted(required)} and optionally {', '.join(sorted(optional))}; "
             f"got {sorted(keys)}", field=field)
     for label, commitment in value.items():
         if not isinstance(commitment, str) or not _COMMITMENT.match(commitment):

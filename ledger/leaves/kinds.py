@@ -12,15 +12,30 @@ from typing import Any
 from ledger import merkle
 from ledger.canonical import parse_canonical, parse_strict
 from ledger.errors import CanonicalFormError, LeafBindingError
+from ledger.leaves.content_leaves import (
+    ACCESS_KIND,
+    ERASURE_KIND,
+    validate_access_v2,
+    validate_erasure_v2,
+)
 from ledger.leaves.envelope import Leaf, check_body_digest, parse_envelope, tenant_tag
 from ledger.leaves.environment import ENVIRONMENT_KIND, validate_environment
 from ledger.leaves.record_v2 import RECORD_KIND, validate_record_v2
+from ledger.leaves.report import REPORT_KIND, validate_report_v2
+from ledger.leaves.stream_start import STREAM_START_KIND, validate_stream_start_v2
 
-# kind -> (the body's rules, tenant-scoped?)
+# kind -> (the body's rules, tenant-scoped?). Every kind a v2 leaf may be (decision
+# records 0026 and 0043); a verifier refuses any other.
 V2_KINDS: dict[str, tuple[Callable[[Mapping[str, Any]], None], bool]] = {
     RECORD_KIND: (validate_record_v2, True),
     ENVIRONMENT_KIND: (validate_environment, False),
+    STREAM_START_KIND: (validate_stream_start_v2, True),
+    ACCESS_KIND: (validate_access_v2, True),
+    ERASURE_KIND: (validate_erasure_v2, True),
+    REPORT_KIND: (validate_report_v2, True),
 }
+# Kinds whose body names an environment leaf (checked with it, as 0026's check 1 says).
+NAMES_ENVIRONMENT = frozenset((RECORD_KIND, STREAM_START_KIND))
 
 
 def open_leaf(envelope: bytes, body: bytes, origin: str, *, strict: bool = False) -> Leaf:

@@ -260,7 +260,7 @@ def validate_record_v2(body: Mapping[str, Any]) -> None:
         raise _fail("created_at", "must be RFC 3339 UTC with milliseconds")
     if not isinstance(body["engine"], str) or not _ENGINE.match(body["engine"]):
         raise _fail("engine", "must be 1-64 letters, digits, '.', '_' or '-'")
-    _validate_environment_ref(body["environment"])
+    validate_environment_ref(body["environment"])
     validate_commitments(body["commitments"])
     _validate_data(body["data"])
     batch = body["batch"]
@@ -288,7 +288,8 @@ def validate_record_v2(body: Mapping[str, Any]) -> None:
             raise _fail("stream", "must hold exactly a non-empty start_record_id")
 
 
-def _validate_environment_ref(ref: Any) -> None:
+def validate_environment_ref(ref: Any) -> None:
+    """A body's ``environment``: the leaf index and leaf hash of an environment leaf."""
     if not isinstance(ref, Mapping) or set(ref) != {"leaf_index", "leaf_hash"}:
         raise _fail("environment", "must hold exactly leaf_index and leaf_hash")
     _count(ref["leaf_index"], "environment.leaf_index")

@@ -34,9 +34,12 @@ from typing import Any, Protocol
 
 from sqlalchemy import Connection, bindparam, event, func, insert, select, text, update
 
-from ledger.content_records import access_body, check_legal_basis, erasure_body
+from ledger.content_records import check_legal_basis
 from ledger.errors import InvalidInputError
-from ledger.record import AuditRecord, new_record_id, utc_timestamp
+from ledger.leaves.content_leaves import build_access, build_erasure
+from ledger.leaves.envelope import Leaf
+from ledger.record import new_record_id, utc_timestamp
+from ledger.store.log_origin import stored_origin
 from ledger.store.receipts import erased_answer, names_any
 from ledger.store.schema import (
     legal_holds,
@@ -75,7 +78,7 @@ CIPHERTEXT_COLUMNS = {"prompt": "prompt_ct", "output": "output_ct",
 class Appender(Protocol):
     """The ledger's durable append (``SqlLedger.append``): returns once committed."""
 
-    def append(self, record: AuditRecord, timeout: float | None = 60.0) -> Any: ...
+    def append(self, record: Leaf, timeout: float | None = 60.0) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -192,7 +195,8 @@ class ContentVault:
     def __init__(self, url: str, keks: KeyEncryptionKeys, *, default_mode: str = "commitments",
                  default_days: int = 183, minimum_days: int = 183,
                  policy_cache_s: float = 2.0,
-                 clock: Callable[[], datetime] = _utcnow) -> None:
+                 clock: Callable[[], datetime] = _utcnow, origin: str | None = None
+                 ) -> None:
         if default_mode not in MODES:
             raise InvalidInputError("retention_default_mode", f"must be one of {MODES}")
         if default_days < minimum_days:
@@ -204,6 +208,7 @@ class ContentVault:
         self.minimum_days = minimum_days
         self.policy_cache_s = policy_cache_s
         self.clock = clock
+        self._origin = origin  # the log's, for the tenant tags of access and erasure leaves
         self.engine = make_engine(url)
         # Writes take SQLite's write lock up front (read-then-write would deadlock).
         self._writer = make_engine(url, writer=True) if url.startswith("sqlite") else self.engine
@@ -389,12 +394,21 @@ class ContentVault:
             for name, column in CIPHERTEXT_COLUMNS.items() if getattr(raw, column) is not None})
         return row, open_content(self.keks, row.tenant, row.record_id, row.leaf_hash, sealed)
 
+    def origin(self) -> str:
+        """The log's origin (given, or read once from the log's own database)."""
+        if self._origin is None:
+            with self.engine.connect() as conn:
+                self._origin = stored_origin(conn)
+        return self._origin
+
     def access_record(self, row: VaultRow, accessor: Accessor, purpose: str,
-                      channel: str) -> AuditRecord:
-        return AuditRecord.from_body(access_body(
-            leaf_id=new_record_id(), created_at=utc_timestamp(), record_id=row.record_id,
-            record_tenant=row.tenant, key_id=accessor.key_id, role=accessor.role,
-            key_tenant=accessor.tenant, purpose=purpose, channel=channel))
+                      channel: str) -> Leaf:
+        """The ``access-record/v2`` leaf of one read (decision 0043)."""
+        return build_access(
+            origin=self.origin(), leaf_id=new_record_id(), created_at=utc_timestamp(),
+            record_id=row.record_id, record_tenant=row.tenant, key_id=accessor.key_id,
+            role=accessor.role, key_tenant=accessor.tenant, purpose=purpose,
+            channel=channel)
 
     def read_audited(self, ledger: Appender, record_id: str, accessor: Accessor,
                      purpose: str, channel: str) -> AccessResult:
@@ -560,10 +574,10 @@ class ContentVault:
             raise LegalHoldError(hold.hold_id, hold.scope, hold.reason)
         # The leaf first: an erasure that happened is never missing from the log. If the
         # shredding below fails, running the erasure again finishes it (with a new leaf).
-        leaf = AuditRecord.from_body(erasure_body(
-            leaf_id=new_record_id(), created_at=utc_timestamp(), tenant=tenant,
-            records=record_ids, reason=reason, selector=selector,
-            requested_by=requested_by, legal_basis=legal_basis))
+        leaf = build_erasure(
+            origin=self.origin(), leaf_id=new_record_id(), created_at=utc_timestamp(),
+            tenant=tenant, records=record_ids, reason=reason, selector=selector,
+            requested_by=requested_by, legal_basis=legal_basis)
         receipt = ledger.append(leaf)
         erased_at = self.clock()
         with self._writer.begin() as conn:
@@ -573,10 +587,10 @@ class ContentVault:
             doomed = [] if hold is not None else self._erase_rows(
                 conn, tenant, record_ids, erased_at, leaf.record_id)
         if hold is not None:
-            ledger.append(AuditRecord.from_body(erasure_body(
-                leaf_id=new_record_id(), created_at=utc_timestamp(), tenant=tenant,
-                records=record_ids, reason="cancelled", selector=selector,
-                requested_by=f"hold:{hold.hold_id}", cancels=leaf.record_id)))
+            ledger.append(build_erasure(
+                origin=self.origin(), leaf_id=new_record_id(), created_at=utc_timestamp(),
+                tenant=tenant, records=record_ids, reason="cancelled", selector=selector,
+                requested_by=f"hold:{hold.hold_id}", cancels=leaf.record_id))
             raise LegalHoldError(hold.hold_id, hold.scope, hold.reason)
         # Committed: the old KEKs hold only erased keys now. Destroying them makes every
         # copy of those keys (WAL frames, old pages, backups) unopenable. A crash before

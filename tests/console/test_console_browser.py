@@ -9,6 +9,7 @@ a tampered proof (check 2).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -27,7 +28,7 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 
 from inference_wrapper.server.console_pages import verification_code_digest
 from ledger.checkpoint import NoteSigner, NoteVerifier, SignedNote
-from tests.console.conftest import Console
+from tests.console.conftest import Console, cosign_latest
 
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu",
                  "--disable-background-networking", "--disable-component-update",
@@ -185,6 +186,31 @@ async def test_sign_in_search_open_record_and_every_browser_check_passes(
         await page.goto(f"{console.base_url}/console/plots?since=2026-11-30T08:00")
         await page.locator("#changes").wait_for()
         await page.screenshot(path=str(Path(SHOTS) / "console-plots.png"), full_page=True)
+
+
+async def test_a_stream_start_leaf_is_checked_with_its_environment_in_the_browser(
+        console: Console, browser: Browser) -> None:
+    # A streamed request leaves an audit-stream-start/v2 leaf naming the environment
+    # leaf (decision 0043): the page opens and proves both, as for a record.
+    response = await console.client.post(
+        "/v1/completions", json={"model": "tiny-llama", "prompt": "Hello stream",
+                                 "max_tokens": 3, "stream": True},
+        headers={"Authorization": f"Bearer {console.tokens['client']}"})
+    assert response.status == 200
+    lines = [line for line in (await response.text()).splitlines()
+             if line.startswith("data: {")]
+    audit = json.loads(lines[-1][len("data: "):])["audit"]
+    witness = await asyncio.to_thread(cosign_latest, console.app)
+    page = await new_page(browser)
+    await sign_in(page, console, console.tokens["auditor"])
+    await pin_and_verify(page, f"{console.base_url}/console/records/"
+                         f"{audit['stream_start_record_id']}"
+                         f"?leaf={audit['stream_start_leaf_index']}",
+                         console.verifier_key, witness)
+    assert await statuses(page) == {1: "pass", 2: "pass", 3: "pass", 4: "pass"}
+    await expect(page.locator("#check-2 .reason")).to_contain_text("environment")
+    await expect(page.locator("table[data-section=environment-leaf]")).to_contain_text(
+        "hardware.")
 
 
 async def test_without_a_pinned_key_nothing_is_called_verified(

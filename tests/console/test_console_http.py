@@ -226,6 +226,7 @@ async def test_plots_show_requests_per_minute_and_the_driver_change(console: Con
     page = await (await console.client.get(
         f"/console/plots?since=2026-11-30T08:00&until={now:%Y-%m-%dT%H:%M}:59")).text()
     assert '<span id="plot-count">8</span>' in page
+    assert 'name="since" value="2026-11-30T08:00Z"' in page  # ISO 8601 text, 24-hour
     assert page.count("<rect ") == 8  # 7 synthetic minutes and the generated record's
     rows = re.findall(r'<tr class="change-row">(.*?)</tr>', page, re.S)
     driver = [r for r in rows if "<td>driver</td>" in r and "<code>550.54.15</code>" in r

@@ -16,8 +16,7 @@ from sqlalchemy import insert
 from audit_cli.main import main
 from ledger.anchor.local import LocalAnchor
 from ledger.checkpoint import NoteSigner
-from ledger.record import AuditRecord
-from ledger.report_record import REPORT_SCHEMA
+from ledger.leaves.report import REPORT_KIND
 from ledger.store.migrate import upgrade
 from ledger.store.schema import readiness_history
 from ledger.store.sql import SqlLedger
@@ -101,8 +100,8 @@ def test_report_digest_is_logged_and_verifies_once_sealed(
     with SqlLedger(url) as ledger:
         stored = ledger.get_record(logged["record_id"])
         assert stored is not None
-        body = AuditRecord.from_canonical(stored.canonical).body
-        assert body["schema"] == REPORT_SCHEMA
+        body = json.loads(stored.leaf_body)
+        assert body["schema"] == REPORT_KIND
         assert body["report"] == {"digest": digest, "from": "2026-11-30T09:00:00.000Z",
                                   "to": "2026-11-30T10:00:00.000Z", "scope_tenant": "bank-b",
                                   "made_by": "auditor:jane", "file": "report.pack.sha256"}
@@ -172,6 +171,6 @@ def test_an_earlier_reports_leaf_is_counted_apart_not_as_a_record(
                  *everything]) == 0
     html = (tmp_path / "second" / "report.html").read_text()
     assert '<p id="record-count">7 records in scope.</p>' in html
-    assert f"<td>{REPORT_SCHEMA}</td><td>1</td>" in html
+    assert f"<td>{REPORT_KIND}</td><td>1</td>" in html
     assert "unknown" not in html  # no fingerprint "changed" to a leaf without one
     assert "<td>_reports</td>" not in html

@@ -128,7 +128,7 @@ def test_only_auditors_read_content_with_a_purpose_and_each_read_is_logged(live:
     # The access leaf is in the log, before the answer came back.
     status, leaf = live.call("GET", f"/v1/records/{content['access_record_id']}", live.auditor)
     assert status == 200 and leaf["leaf_index"] == content["access_leaf_index"]
-    assert leaf["record"]["schema"] == "access-record/v1"
+    assert leaf["record"]["schema"] == "access-record/v2"
     assert leaf["record"]["access"]["purpose"] == "MiFID II review"
     assert leaf["record"]["access"]["record_id"] == record_id
     status, record = live.call("GET", f"/v1/records/{record_id}", live.auditor)

@@ -15,7 +15,7 @@ from sqlalchemy import text
 
 from inference_wrapper.server.app import KEYS, LEDGER, VAULT, create_app
 from inference_wrapper.server.settings import Settings
-from ledger.stream_record import STREAM_START_SCHEMA
+from ledger.leaves.stream_start import STREAM_START_KIND
 from tests.wrapped_generator import WrappedGenerator
 
 MakeClient = Callable[..., Awaitable[Any]]
@@ -298,7 +298,7 @@ async def test_a_stream_whose_content_the_vault_failed_to_keep_names_its_committ
     assert done_row is not None and start_row is not None
     assert {start_row.leaf_index, done_row.leaf_index} == {ENV, ENV + 1}
     done, start = json.loads(done_row.leaf_body), json.loads(start_row.leaf_body)
-    assert start["schema"] == STREAM_START_SCHEMA
+    assert start["schema"] == STREAM_START_KIND
     assert done["stream"]["start_record_id"] == start["record_id"]
     assert error["record_id"] in error["message"]
     assert error["stream_start_record_id"] in error["message"]
@@ -329,7 +329,9 @@ async def test_a_stream_whose_record_could_not_be_appended_says_so(unstreamed: A
     client, app, tokens = unstreamed
     with app[LEDGER].engine.begin() as conn:  # a real failure of the completed record only
         conn.execute(text("CREATE TRIGGER refuse_completed BEFORE INSERT ON records "
-                          "WHEN NEW.environment_index IS NOT NULL "
+                          # The first leaf naming an environment is the stream start.
+                          "WHEN NEW.environment_index IS NOT NULL AND EXISTS (SELECT 1 "
+                          "FROM records WHERE environment_index IS NOT NULL) "
                           "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"))
     route = "/v1/completions"
     response = await client.post(route, json=_stream_body(route, "pay invoice 13"),
@@ -343,17 +345,21 @@ async def test_a_stream_whose_record_could_not_be_appended_says_so(unstreamed: A
     # Only the start record is in the log, and the error says which it is.
     assert app[LEDGER].tree_head()[0] == ENV + 1
     with app[LEDGER].engine.connect() as conn:
-        rows = conn.execute(text("SELECT record_id, canonical FROM records "
-                                 "WHERE body IS NULL")).all()
-    assert len(rows) == 1  # (and the environment leaf, a v2 leaf with a body)
-    assert json.loads(rows[0].canonical)["schema"] == STREAM_START_SCHEMA
+        rows = conn.execute(text("SELECT record_id, leaf_index FROM records "
+                                 "WHERE leaf_index >= :env"), {"env": ENV}).all()
+    assert len(rows) == 1  # after the environment leaf
+    start_row = app[LEDGER].get_record(rows[0].record_id)
+    assert start_row is not None
+    assert json.loads(start_row.leaf_body)["schema"] == STREAM_START_KIND
     assert f"stream start record {rows[0].record_id}" in error["message"]
 
 
 def _refuse_completed_records(app: Any) -> None:
     with app[LEDGER].engine.begin() as conn:  # a real failure of the completed record only
         conn.execute(text("CREATE TRIGGER refuse_completed BEFORE INSERT ON records "
-                          "WHEN NEW.environment_index IS NOT NULL "
+                          # The first leaf naming an environment is the stream start.
+                          "WHEN NEW.environment_index IS NOT NULL AND EXISTS (SELECT 1 "
+                          "FROM records WHERE environment_index IS NOT NULL) "
                           "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"))
 
 

@@ -33,6 +33,7 @@ from ledger.vault_crypto import (
     receipt_wrap_context,
     wrap_context,
 )
+from tests.integration.conftest import ORIGIN
 
 # Old enough that no legal basis is needed (outside the 183-day minimum retention).
 CREATED = (datetime.now(UTC) - timedelta(days=200)).isoformat(timespec="milliseconds"
@@ -52,7 +53,7 @@ def setting(ledger_url: str, tmp_path: Path) -> Iterator[tuple[SqlLedger, Conten
                                                              ReceiptStore, Path]]:
     ledger = SqlLedger(ledger_url).start()
     keyring = tmp_path / "home" / "vault.keyring"
-    vault = ContentVault(ledger_url, FileKeyring(keyring), policy_cache_s=0.0)
+    vault = ContentVault(ledger_url, FileKeyring(keyring), policy_cache_s=0.0, origin=ORIGIN)
     vault.set_policy("bank-a", "content", 183)
     store = ReceiptStore(ledger.engine, keks=vault.keks)
     yield ledger, vault, store, keyring

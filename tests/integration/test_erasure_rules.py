@@ -5,6 +5,7 @@ retention, the subject link, and the modes of the files that hold keys and conte
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import threading
@@ -17,9 +18,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from ledger.content_records import ERASURE_SCHEMA
 from ledger.digest import commit_text, new_salt
 from ledger.errors import InvalidInputError
+from ledger.leaves.content_leaves import ERASURE_KIND
 from ledger.record import AuditRecord, build_record
 from ledger.store.file_modes import sqlite_path
 from ledger.store.keyring import FileKeyring
@@ -28,6 +29,7 @@ from ledger.store.schema import vault_content
 from ledger.store.sql import SqlLedger
 from ledger.store.vault import MAX_DAYS, ContentVault, RetainItem
 from ledger.vault_errors import ContentErasedError, LegalHoldError
+from tests.integration.conftest import ORIGIN
 
 
 def _stamp(moment: datetime) -> str:
@@ -67,14 +69,14 @@ class Setting:
     def leaf(self, record_id: str) -> dict[str, Any]:
         row = self.ledger.get_record(record_id)
         assert row is not None
-        return AuditRecord.from_canonical(row.canonical).body
+        return dict(json.loads(row.leaf_body))
 
 
 @pytest.fixture()
 def setting(ledger_url: str, tmp_path: Path) -> Iterator[Setting]:
     ledger = SqlLedger(ledger_url).start()
     keyring = tmp_path / "home" / "vault.keyring"
-    vault = ContentVault(ledger_url, FileKeyring(keyring), policy_cache_s=0.0)
+    vault = ContentVault(ledger_url, FileKeyring(keyring), policy_cache_s=0.0, origin=ORIGIN)
     vault.set_policy("bank-a", "content", 183)
     yield Setting(ledger, vault, ReceiptStore(ledger.engine, keks=vault.keks), keyring)
     vault.close()
@@ -90,8 +92,8 @@ class DuringAppend:
 
     def append(self, record: AuditRecord, timeout: float | None = 60.0) -> Any:
         receipt = self.setting.ledger.append(record, timeout)
-        self.appended.append(record.body)
-        if record.body["schema"] == ERASURE_SCHEMA and len(self.appended) == 1:
+        self.appended.append(record.content)
+        if record.content["schema"] == ERASURE_KIND and len(self.appended) == 1:
             self.act()
         return receipt
 
@@ -190,7 +192,8 @@ def test_retention_periods_are_bounded_where_they_are_set_and_where_they_apply(
         assert caught.value.field == "days" and reason in caught.value.reason
     assert setting.vault.policy("bank-a").days == 183
     # A tool run with a lower minimum stores a 1-day period; this service keeps its own.
-    lax = ContentVault(ledger_url, setting.vault.keks, minimum_days=1, default_days=1)
+    lax = ContentVault(ledger_url, setting.vault.keks, minimum_days=1, default_days=1,
+                       origin=ORIGIN)
     try:
         lax.set_policy("bank-a", "content", 1)
     finally:

@@ -18,6 +18,7 @@ from ledger.store.keyring import FileKeyring, load_keks
 from ledger.store.kms import AwsKmsSealer
 from ledger.store.vault import ContentVault, RetainItem
 from ledger.vault_errors import ContentErasedError, KeyUnavailableError
+from tests.integration.conftest import ORIGIN
 from tests.s3_server import s3_server
 
 CREATED = "2026-01-05T09:00:00.000Z"  # outside the minimum retention: no legal basis
@@ -66,7 +67,7 @@ def test_keys_are_sealed_by_the_tenants_kms_key_and_erasure_needs_no_kms_deletio
     from ledger.store.migrate import upgrade
 
     upgrade(url)
-    vault = ContentVault(url, FileKeyring(path, sealer=sealer), policy_cache_s=0.0)
+    vault = ContentVault(url, FileKeyring(path, sealer=sealer), policy_cache_s=0.0, origin=ORIGIN)
     try:
         vault.set_policy("bank-a", "content", 183)
         vault.set_policy("bank-b", "content", 183)
@@ -83,7 +84,7 @@ def test_keys_are_sealed_by_the_tenants_kms_key_and_erasure_needs_no_kms_deletio
             assert key not in stored and base64.b64encode(key) not in stored
         # Another process with the same file and KMS opens the content; without the
         # KMS the file is refused, not misread.
-        other = ContentVault(url, FileKeyring(path, sealer=sealer))
+        other = ContentVault(url, FileKeyring(path, sealer=sealer), origin=ORIGIN)
         assert other.decrypt("rec-3")[1].output == "output 3"
         other.close()
         with pytest.raises(ValueError, match="sealed by 'aws-kms'"):

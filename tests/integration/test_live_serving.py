@@ -10,8 +10,8 @@ from pathlib import Path
 
 import aiohttp
 
+from ledger.leaves.stream_start import STREAM_START_KIND
 from ledger.store.sql import SqlLedger
-from ledger.stream_record import STREAM_START_SCHEMA
 from tests.live_service import start_service
 
 
@@ -82,6 +82,6 @@ async def test_a_kill_mid_stream_leaves_the_start_record_durable(
     with SqlLedger(service.database_url) as ledger:  # reopened after the kill
         row = ledger.get_record(start_id)
         assert row is not None
-        record = json.loads(row.canonical)
-        assert record["schema"] == STREAM_START_SCHEMA
+        record = json.loads(row.leaf_body)
+        assert record["schema"] == STREAM_START_KIND
         assert record["data"]["generation"]["max_new_tokens"] == 64

@@ -19,11 +19,17 @@ from sqlalchemy import text
 
 from ledger.anchor.local import LocalAnchor
 from ledger.checkpoint import NoteSigner
+from ledger.content_records import access_body, erasure_body
 from ledger.leaves.body_codec import pack_body
-from ledger.leaves.commitments import row_commitments
+from ledger.leaves.commitments import INPUT, commit, row_commitments
+from ledger.leaves.content_leaves import build_access, build_erasure
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.environment import build_environment
 from ledger.leaves.record_v2 import EnvironmentRef, build_record_v2, row_data
+from ledger.leaves.report import build_report
+from ledger.leaves.stream_start import build_stream_start_v2
+from ledger.record import AuditRecord, new_record_id, utc_timestamp
+from ledger.report_record import report_body
 from ledger.store.migrate import upgrade
 from ledger.store.sql import SqlLedger
 from tests.cli_runs import cli_json
@@ -235,3 +241,117 @@ def test_fsck_finds_a_record_naming_one_environment_index_and_another_hash(
     assert [(f["kind"], f["where"]) for f in out["findings"]] == [
         ("environment_mismatch", f"leaf {forged_index} (record {forged.record_id})")]
     assert f"the record names leaf {index} as its environment" in out["findings"][0]["detail"]
+
+
+def _v1_leaves_of_every_other_kind() -> list[AuditRecord]:
+    """An access, an erasure and a report leaf as the code before decision 0043 wrote
+    them (the golden log holds v1 records and a v1 stream start already)."""
+    ids = [record["record_id"] for record in META["records"]]
+    return [
+        AuditRecord.from_body(access_body(
+            leaf_id=new_record_id(), created_at=utc_timestamp(), record_id=ids[0],
+            record_tenant="acme", key_id="key-auditor-1", role="auditor",
+            key_tenant="audit-firm", purpose="v1 era review", channel="cli")),
+        AuditRecord.from_body(erasure_body(
+            leaf_id=new_record_id(), created_at=utc_timestamp(), tenant="acme",
+            records=ids[:2], reason="request", selector="records", requested_by="cli:dpo")),
+        AuditRecord.from_body(report_body(
+            leaf_id=new_record_id(), created_at=utc_timestamp(), digest="sha256:" + "1" * 64,
+            since="2026-01-01T00:00:00.000Z", until="2026-02-01T00:00:00.000Z",
+            scope_tenant=None, made_by="v1 officer")),
+    ]
+
+
+def _v2_leaves_of_every_other_kind(environment_index: int, environment: Leaf,
+                                   record: Leaf) -> list[Leaf]:
+    salt = bytes(range(200, 232))
+    return [
+        build_stream_start_v2(
+            origin=ORIGIN, tenant="acme", engine="engine-0",
+            environment=EnvironmentRef(environment_index, environment.leaf_hash),
+            commitments={INPUT: commit(salt, INPUT, b"v2 streamed")},
+            generation={"max_new_tokens": 4, "temperature": 0.0}, route="/v1/completions"),
+        build_access(origin=ORIGIN, record_id=record.record_id, record_tenant="acme",
+                     key_id="key-auditor-1", role="auditor", key_tenant="audit-firm",
+                     purpose="v2 era review", channel="http", leaf_id=new_record_id(),
+                     created_at=utc_timestamp()),
+        build_erasure(origin=ORIGIN, tenant="acme", records=[record.record_id],
+                      reason="request", selector="subject", requested_by="cli:dpo",
+                      leaf_id=new_record_id(), created_at=utc_timestamp()),
+        build_report(origin=ORIGIN, digest="sha256:" + "2" * 64,
+                     since="2026-11-01T00:00:00.000Z", until="2026-12-01T00:00:00.000Z",
+                     scope_tenant="acme", made_by="v2 officer", file="report.html",
+                     leaf_id=new_record_id(), created_at=utc_timestamp()),
+    ]
+
+
+def test_a_log_mixing_v1_and_v2_leaves_of_every_kind_verifies_audits_and_fscks(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    shutil.copy(VECTORS / "v1_log.sqlite", tmp_path / "log.sqlite")
+    url = f"sqlite:///{tmp_path / 'log.sqlite'}"
+    upgrade(url)
+    signer = NoteSigner(ORIGIN, Ed25519PrivateKey.from_private_bytes(SEED))
+    with SqlLedger(url).start() as ledger:
+        for old in _v1_leaves_of_every_other_kind():  # appended before the upgrade
+            ledger.append(old)
+        environment = _environment()
+        index = ledger.append(environment).leaf_index
+        (record, prompt), = _v2_leaves(index, environment)[:1]
+        ledger.append(record)
+        new = _v2_leaves_of_every_other_kind(index, environment, record)
+        for leaf in new:
+            ledger.append(leaf)
+        ledger.seal_checkpoint(signer, ORIGIN)
+        LocalAnchor(ledger, signer.verifier(), ORIGIN).anchor(ledger.latest_checkpoint().note)  # type: ignore[union-attr]
+        rows = [ledger.record_at(i) for i in range(ledger.tree_head()[0])]
+    size = len(rows)
+    kinds = [json.loads(row.leaf_body)["schema"] for row in rows if row is not None]
+    assert sorted(set(kinds)) == sorted({
+        "audit-record/v1", "audit-stream-start/v1", "access-record/v1", "erasure-record/v1",
+        "report-record/v1", "environment/v1", "audit-record/v2", "audit-stream-start/v2",
+        "access-record/v2", "erasure-record/v2", "report-record/v2"})
+    for row in rows:  # every leaf, each by its own format
+        assert row is not None
+        code, out = cli_json(capsys, "verify", row.record_id, "--db", url, *TRUST)
+        assert code == 0 and out["tree_size"] == size, (row.record_id, out)
+    start = new[0]
+    salt = bytes(range(200, 232)).hex()
+    code, out = cli_json(capsys, "verify", start.record_id, "--db", url, *TRUST,
+                         "--prompt", "v2 streamed", "--input-salt", salt)
+    assert code == 0 and out["checks"][4]["status"] == "pass", out
+    assert f"environment leaf {index}" in out["checks"][1]["reason"]  # proved with it
+    assert out["environment"]["accelerator_model"] == "NVIDIA H200"
+    code, out = cli_json(capsys, "audit", "--db", url, "--from", "2000-01-01T00:00:00Z",
+                         "--to", "2100-01-01T00:00:00Z", "--log-key", KEY)
+    assert code == 0 and out["complete"] and out["rows_checked"] == size, out
+    code, out = cli_json(capsys, "log", "fsck", "--db", url, "--log-key", KEY)
+    assert code == 0 and out["ok"] and out["records_checked"] == size, out
+    bundle = tmp_path / "every-kind.json"
+    code, out = cli_json(capsys, "export", "--db", url, "--bundle", str(bundle))
+    assert code == 0, out
+    code, out = cli_json(capsys, "verify", "--bundle", str(bundle), *TRUST, "--no-state")
+    assert code == 0 and (out["verified"], out["failed"]) == (size, 0), out
+
+
+def test_a_stream_start_naming_another_environment_fails_verify_and_fsck(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    shutil.copy(VECTORS / "v1_log.sqlite", tmp_path / "log.sqlite")
+    url = f"sqlite:///{tmp_path / 'log.sqlite'}"
+    upgrade(url)
+    signer = NoteSigner(ORIGIN, Ed25519PrivateKey.from_private_bytes(SEED))
+    declared = _environment()
+    with SqlLedger(url).start() as ledger:
+        index = ledger.append(declared).leaf_index
+        (record, _), = _v2_leaves(index, declared)[:1]
+        ledger.append(record)
+        # Names the v1 leaf before the environment (index 4), with the environment's hash.
+        start = _v2_leaves_of_every_other_kind(index - 1, declared, record)[0]
+        ledger.append(start)
+        ledger.seal_checkpoint(signer, ORIGIN)
+        LocalAnchor(ledger, signer.verifier(), ORIGIN).anchor(ledger.latest_checkpoint().note)  # type: ignore[union-attr]
+    code, out = cli_json(capsys, "verify", start.record_id, "--db", url, *TRUST)
+    assert code == 1 and out["failed_check"] == 1, out
+    assert "names environment leaf 4 and the source gave none" in out["checks"][0]["reason"]
+    code, out = cli_json(capsys, "log", "fsck", "--db", url, "--log-key", KEY, "--no-state")
+    assert code == 1
+    assert [f["kind"] for f in out["findings"]] == ["environment_mismatch"]

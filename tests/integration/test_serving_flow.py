@@ -16,9 +16,8 @@ import pytest
 
 from inference_wrapper.server.app import BATCHER, IDEMPOTENCY, KEYS, LEDGER, create_app
 from inference_wrapper.server.settings import Settings
-from ledger.digest import commitment_matches
 from ledger.leaves import commitments
-from ledger.stream_record import STREAM_START_SCHEMA
+from ledger.leaves.stream_start import STREAM_START_KIND
 from tests.wrapped_generator import WrappedGenerator
 
 MakeClient = Callable[..., Any]
@@ -276,13 +275,16 @@ async def test_streamed_chat_with_the_official_client_ends_with_the_receipt(
     assert start_row is not None and done_row is not None
     assert start_row.leaf_index == audit["stream_start_leaf_index"] < done_row.leaf_index
     start, done = json.loads(start_row.leaf_body), json.loads(done_row.leaf_body)
-    assert start["schema"] == STREAM_START_SCHEMA and "output_commitment" not in start["data"]
+    assert start["schema"] == STREAM_START_KIND and set(start["commitments"]) == {"input"}
+    assert "input_bytes" not in start["data"] and "hardware" not in start  # decision 0043
     assert done["stream"]["start_record_id"] == start["record_id"]
     salt_in, salt_out = (bytes.fromhex(audit["input_salt"]), bytes.fromhex(audit["output_salt"]))
     tokenizer = tiny_generator.loaded.tokenizer
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Say hi"}],
                                            tokenize=False, add_generation_prompt=True)
-    assert commitment_matches(start["data"]["input_commitment"], salt_in, prompt)
+    assert commitments.opens(start["commitments"]["input"], salt_in, commitments.INPUT,
+                             prompt.encode())
+    assert start["commitments"]["input"] == done["commitments"]["input"]
     # The start record is still a v1 kind; the final record is audit-record/v2, whose
     # labelled commitments the same salts open.
     assert commitments.opens(done["commitments"]["input"], salt_in, "input", prompt.encode())
@@ -313,7 +315,7 @@ async def test_streamed_completion_over_raw_sse(
                              bytes.fromhex(audit["output_salt"]), "output", text.encode())
     fetched = await (await client.get(f"/v1/records/{audit['stream_start_record_id']}",
                                       headers=bearer(token))).json()
-    assert fetched["record"]["schema"] == STREAM_START_SCHEMA
+    assert fetched["record"]["schema"] == STREAM_START_KIND
     assert base64.b64decode(fetched["canonical_base64"]) == app[LEDGER].get_record(
         audit["stream_start_record_id"]).canonical  # type: ignore[union-attr]
 

@@ -21,7 +21,7 @@ from inference_wrapper.server.app import BATCHER, KEYS, LEDGER, create_app
 from inference_wrapper.server.settings import Settings
 from ledger.canonical import canonical_bytes
 from ledger.leaves import commitments
-from ledger.stream_record import STREAM_START_SCHEMA
+from ledger.leaves.stream_start import STREAM_START_KIND
 from tests.wrapped_generator import WrappedGenerator
 
 MakeClient = Callable[..., Any]
@@ -126,7 +126,7 @@ async def test_text_arrives_while_the_model_is_still_generating(
         assert app[BATCHER].in_model == 1
         start_id = chunks[0]["id"].split("-", 1)[1]
         start = _record(app, start_id)  # durable before the first text left
-        assert start is not None and start["schema"] == STREAM_START_SCHEMA
+        assert start is not None and start["schema"] == STREAM_START_KIND
         # The environment leaf and the start record: the completed record is not there yet.
         assert app[LEDGER].tree_head()[0] == 2
         model.release.set()

@@ -22,9 +22,9 @@ from ledger.anchor.local import LocalAnchor
 from ledger.checkpoint import NoteSigner
 from ledger.client.database import DatabaseSource
 from ledger.client.sources import gather
-from ledger.content_records import ACCESS_SCHEMA, ERASURE_SCHEMA
 from ledger.digest import commit_text, new_salt
 from ledger.errors import BackendUnavailableError, InvalidInputError
+from ledger.leaves.content_leaves import ACCESS_KIND, ERASURE_KIND
 from ledger.record import AuditRecord, build_record
 from ledger.store.fsck import fsck
 from ledger.store.keyring import FileKeyring
@@ -100,6 +100,8 @@ def pg_world(make_pg_database: Callable[[], str], signer: NoteSigner,
 
 def _world(ledger_url: str, signer: NoteSigner, tmp_path: Path) -> Iterator[World]:
     ledger = SqlLedger(ledger_url).start()
+    # As a served log has (access and erasure leaves are tagged for its origin).
+    ledger.create_log_meta(ORIGIN, signer.verifier().encode())
     keyring_path = tmp_path / "home" / "vault.keyring"
     vault = ContentVault(ledger_url, FileKeyring(keyring_path), minimum_days=183,
                          policy_cache_s=0.0)
@@ -125,10 +127,10 @@ def test_auditor_read_is_logged_first_and_opens_the_commitments(world: World) ->
     # The access leaf is in the log, names who, which, why, and verifies (checks 1-4).
     row = world.ledger.get_record(result.access_record_id)
     assert row is not None and row.leaf_index == result.access_leaf_index
-    leaf = AuditRecord.from_canonical(row.canonical).body
-    assert leaf["schema"] == ACCESS_SCHEMA and leaf["tenant"] == "bank-a"
+    leaf = json.loads(row.leaf_body)
+    assert leaf["schema"] == ACCESS_KIND and leaf["tenant"] == "bank-a"
     assert leaf["access"] == {
-        "record_id": kept.record.record_id, "tenant": "bank-a", "channel": "cli",
+        "record_id": kept.record.record_id, "channel": "cli",
         "purpose": "MiFID II record-keeping review",
         "accessor": {"key_id": "key-auditor-1", "role": "auditor", "tenant": "audit-firm"}}
     assert world.verify(result.access_record_id).ok
@@ -271,9 +273,9 @@ def test_erasure_by_subject_shreds_keys_and_every_proof_still_holds(world: World
     # The erasure leaf is in the log and verifies.
     leaf_row = world.ledger.get_record(str(erasure.erasure_record_id))
     assert leaf_row is not None
-    leaf = AuditRecord.from_canonical(leaf_row.canonical).body
-    assert leaf["schema"] == ERASURE_SCHEMA and leaf["erasure"]["selector"] == "subject"
-    assert "alice" not in leaf_row.canonical.decode()
+    leaf = json.loads(leaf_row.leaf_body)
+    assert leaf["schema"] == ERASURE_KIND and leaf["erasure"]["selector"] == "subject"
+    assert "alice" not in leaf_row.canonical.decode() + leaf_row.leaf_body.decode()
     assert world.verify(str(erasure.erasure_record_id)).ok
     # Checks 1-4 still pass for the erased records and their neighbours.
     for kept in [before, *erased, kept_bob, after]:
@@ -360,7 +362,7 @@ def test_expiry_on_an_injected_clock_erases_only_what_is_due_and_not_held(
     assert world.vault.decrypt(held.record.record_id)[1].output == held.item.output
     leaf_row = world.ledger.get_record(str(erasures[0].erasure_record_id))
     assert leaf_row is not None
-    body = AuditRecord.from_canonical(leaf_row.canonical).body
+    body = json.loads(leaf_row.leaf_body)
     assert body["erasure"]["reason"] == "expiry"
     assert world.verify(due.record.record_id).ok
 
@@ -454,7 +456,7 @@ def test_operator_commands_read_expire_and_rotate(world: World) -> None:
     leaf_id = read.stdout.split("access record ")[1].split()[0]
     row = world.ledger.get_record(leaf_id)
     assert row is not None
-    accessor = AuditRecord.from_canonical(row.canonical).body["access"]["accessor"]
+    accessor = json.loads(row.leaf_body)["access"]["accessor"]
     assert accessor["role"] == "operator" and accessor["key_id"].startswith("local:")
 
     rotated = _cli(world, "retention", *vault, "--json", "rotate-key", "--tenant", "bank-a")

@@ -149,3 +149,47 @@ def test_the_attack_finds_nothing_in_a_v2_record_and_its_environment(
     real = [t for t, m in zip(batch.input_ids[0], batch.attention_mask[0], strict=True) if m]
     assert commitments.opens(held["input_ids"], output.input_salt, "input_ids", _int64(real))
     assert record.content["data"]["input_token_count"] == len(real)
+
+
+def test_the_attack_finds_nothing_in_a_v2_stream_start(generator: AuditedGenerator) -> None:
+    environment = generator.environment_leaf()
+    log = LogBinding("attack.example/log")
+    log.bind(generator.environment(), EnvironmentRef(0, environment.leaf_hash))
+    request = generator.prepare(PROMPT, GenerationParams(max_new_tokens=8), tenant="acme",
+                                stop=("\n",), user="alice")
+    start = generator.stream_start(request, "/v1/completions", log)
+    assert isinstance(start, Leaf) and start.kind == "audit-stream-start/v2"
+    documents = [json.loads(start.envelope), json.loads(start.body)]
+    found = attack(documents, generator.loaded.tokenizer,
+                   generator.contract.add_special_tokens)
+    assert found == {}
+    assert "input_bytes" not in start.body.decode()  # v1's byte count of the prompt
+    # It commits under the request's own salt, to the value the completed record will.
+    assert commitments.opens(start.content["commitments"]["input"], request.input_salt,
+                             "input", PROMPT.encode())
+
+
+def test_token_counts_are_the_residual_risk_decision_0043_states(
+        generator: AuditedGenerator) -> None:
+    """The counts a v2 body discloses (for billing and replay) narrow no PIN: every one of
+    the 10,000 candidates has the recorded count. What they do tell apart is an answer
+    from a small known set whose members have different token lengths; 0043 keeps them
+    disclosed with that stated, and this measures both with the shipped tokenizer."""
+    environment = generator.environment_leaf()
+    log = LogBinding("attack.example/log")
+    log.bind(generator.environment(), EnvironmentRef(0, environment.leaf_hash))
+    record = generator.seal(_batch(generator), log)[0].record
+    assert isinstance(record, Leaf)
+    data = record.content["data"]
+    tokenizer = generator.loaded.tokenizer
+    candidates = [f"my PIN is {i:04d}" for i in range(10_000)]
+    encoded = tokenizer(candidates, add_special_tokens=generator.contract.add_special_tokens)
+    same_count = sum(len(ids) == data["input_token_count"] for ids in encoded["input_ids"])
+    assert same_count == 10_000  # the count leaves every candidate: it finds no PIN
+    outputs = [f"{i:04d}" for i in range(10_000)]
+    lengths = {len(ids) for ids in tokenizer(outputs, add_special_tokens=False)["input_ids"]}
+    assert len(lengths) == 1  # nor a 4-digit answer
+    # The residual risk: "approved" and "denied" differ in length, so the count says which.
+    yes, no = (len(tokenizer(word, add_special_tokens=False)["input_ids"])
+               for word in ("approved", "denied"))
+    assert yes != no

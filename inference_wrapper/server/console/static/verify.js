@@ -228,11 +228,14 @@ async function openLeafV2(envelopeBytes, bodyBytes, origin) {
   return { envelope, body };
 }
 
+const NAMES_ENVIRONMENT = new Set(["audit-record/v2", "audit-stream-start/v2"]);
+
 // Check 1 for a v2 leaf, and for a record the environment leaf it names. Returns the
 // environment's leaf hash (for check 2) or null.
 async function checkLeafV2(evidence, bytes, origin) {
   const opened = await openLeafV2(bytes, b64decode(evidence.body_base64), origin);
-  if (opened.envelope.kind !== "audit-record/v2") return { body: opened.body, environmentLeaf: null, environment: null };
+  // A record and a stream start name the environment they ran under (decision 0043).
+  if (!NAMES_ENVIRONMENT.has(opened.envelope.kind)) return { body: opened.body, environmentLeaf: null, environment: null };
   const named = opened.body.environment || {};
   const given = evidence.environment;
   if (!given) throw new Error(`the record names environment leaf ${named.leaf_index} and the server gave none`);

@@ -69,6 +69,7 @@ from ledger.store.schema import (
     environments,
     tree_state,
 )
+from ledger.store.sqlite_guard import guard_sqlite_engine
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +192,7 @@ def make_engine(url: str, *, writer: bool = False, sqlite_synchronous: str = "FU
             # The writer takes the write lock up front: that is SQLite's sequencer.
             connection.exec_driver_sql("BEGIN IMMEDIATE" if writer else "BEGIN")
 
+        guard_sqlite_engine(engine, url)  # a vanished or read-only file: 503, no SIGBUS
         return engine
     pg = pg or PgSessionSettings()
     if role == "lease":

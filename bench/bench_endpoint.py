@@ -90,10 +90,18 @@ def serve_bare(port: int, model_dir: str, manifest: str, layout: str) -> None:
         answer = await request.app["batcher"].submit(prepared)
         return web.json_response({"output": answer.output.text})
 
+    batches = {"count": 0.0, "sum": 0.0}  # generate calls and their rows, as /metrics has
+
+    def observe(name: str, value: float) -> None:
+        if name == "batch_size":
+            batches["count"] += 1
+            batches["sum"] += value
+
     async def start(app: web.Application) -> Any:
         if engine is not None:
             await engine.start()
-        batcher = Batcher(NoAudit(), NoJournal(), max_batch=32, max_wait_ms=5.0)  # type: ignore[arg-type]
+        batcher = Batcher(NoAudit(), NoJournal(), max_batch=32, max_wait_ms=5.0,  # type: ignore[arg-type]
+                          observe=observe)
         batcher.start()
         app["batcher"] = batcher
         yield
@@ -105,6 +113,7 @@ def serve_bare(port: int, model_dir: str, manifest: str, layout: str) -> None:
     app.cleanup_ctx.append(start)
     app.router.add_post("/v1/generate", handle)
     app.router.add_get("/readyz", lambda r: web.json_response({"ready": True}))
+    app.router.add_get("/batches", lambda r: web.json_response(batches))
     print("ready", flush=True)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
@@ -201,6 +210,24 @@ def thread_cpu(pid: int, base: str, named: bool) -> dict[str, float]:
     return by_id
 
 
+def batch_counts(base: str, named: bool) -> tuple[float, float]:
+    """(generate calls, rows in them) so far: the audited service's ``audit_batch_size``
+    histogram on ``/metrics``, the bare server's own count on ``/batches``."""
+    from urllib.request import urlopen
+
+    if not named:
+        with urlopen(f"{base}/batches", timeout=30) as response:
+            counts = json.loads(response.read())
+        return float(counts["count"]), float(counts["sum"])
+    with urlopen(f"{base}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    count = re.search(r"^audit_batch_size_count(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE)
+    rows = re.search(r"^audit_batch_size_sum(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE)
+    if count is None or rows is None:
+        raise RuntimeError("no audit_batch_size histogram on /metrics")
+    return float(count.group(1)), float(rows.group(1))
+
+
 def child_pids(pid: int) -> list[int]:
     """A process's children (its engine processes), from ``/proc`` (Linux)."""
     found: list[int] = []
@@ -271,6 +298,7 @@ def main() -> None:
         cpu: dict[str, dict[int, dict[str, float]]] = {}  # CPU s per request, per process
         by_thread: dict[tuple[str, int], dict[str, float]] = {}  # CPU s per request
         slices: dict[tuple[str, int], list[float]] = {}  # requests/s of each slice
+        batched: dict[tuple[str, int], list[float]] = {}  # [generate calls, rows]
         configs: dict[str, list[str]] = {
             AUDITED: ["serve", "--max-batch", "32"],
             BARE: ["bare", "process"],
@@ -304,10 +332,13 @@ def main() -> None:
                         cpu_start: list[dict[str, float]] = []
                         named = token != ""  # the audited services, with /metrics
                         threads_start: list[dict[str, float]] = []
+                        batches_start: list[tuple[float, float]] = []
 
                         def started(p: int = proc.pid, c: list[dict[str, float]] = cpu_start,
                                     t: list[dict[str, float]] = threads_start,
-                                    b: str = base, n: bool = named) -> None:
+                                    b: str = base, n: bool = named,
+                                    k: list[tuple[float, float]] = batches_start) -> None:
+                            k.append(batch_counts(b, n))
                             t.append(thread_cpu(p, b, n))
                             c.append(process_cpu(p))
 
@@ -322,6 +353,10 @@ def main() -> None:
                         for thread, seconds in thread_cpu(proc.pid, base, named).items():
                             per[thread] = per.get(thread, 0.0) + (
                                 seconds - threads_start[0].get(thread, 0.0)) / len(latencies)
+                        calls, rows = batch_counts(base, named)  # after: not in the CPU
+                        tally = batched.setdefault((name, level), [0.0, 0.0])
+                        tally[0] += calls - batches_start[0][0]
+                        tally[1] += rows - batches_start[0][1]
                         kept, total = samples[name]
                         samples[name] = (kept + latencies, total + elapsed)
                         slices.setdefault((name, level), []).append(len(latencies) / elapsed)
@@ -370,6 +405,13 @@ def main() -> None:
                                        for process, seconds in cpu[name][level].items())
             for name in servers)
         print(f"c={level}: CPU per request (ms) by process: {cells}")
+    # How full the batches were: an engine's CPU goes per decoding step of a batch far
+    # more than per row, so fewer, fuller batches cost it less per request.
+    for level in levels:
+        cells = "; ".join(
+            f"{name[:3]} {calls:.0f} batches, {rows / calls if calls else 0:.1f} rows each"
+            for name in servers for calls, rows in [batched.get((name, level), [0.0, 0.0])])
+        print(f"c={level}: generate calls in the timed slices: {cells}")
     # Which thread of the API process spends it (clock-tick resolution): the audited
     # service names its threads on /metrics; the bare ones' are only ranked.
     for level in levels:

@@ -2,12 +2,16 @@
 
     .venv/bin/python bench/bench_fsck_audit.py [--records 1000000] [--db PATH] [--reuse]
 
-Builds the log through the real append path (``SqlLedger``, group commit, one checkpoint
-sealed at the end and anchored locally), unless ``--reuse`` finds one at ``--db``; then
-runs ``audit-ledger log fsck`` and ``audit-ledger audit`` over the whole log in child
+Builds the log as the service writes it (issue 20's target is on v2 records), unless
+``--reuse`` finds one at ``--db``: the tiny model's ``environment/v1`` leaf, then
+``audit-record/v2`` leaves sealed by the serving code (``AuditedGenerator.seal``, batches
+of 32 over a few generated batches, fresh ids and salts each time) and appended through
+the real writer (``SqlLedger``, groups of 4096, synchronous=NORMAL: the build is not the
+measurement), one checkpoint sealed at the end and anchored locally. Then it runs
+``audit-ledger log fsck`` and ``audit-ledger audit`` over the whole log in child
 processes and prints the wall time of each, rows/s, and the command to repeat it.
-Records are v1 ``audit-record/v1`` of the tiny-model shape (about 1 KB of environment
-each), as the issue measured them.
+Wall times on a shared machine are noisy: run it under ``nice`` and compare runs made
+side by side.
 """
 
 from __future__ import annotations
@@ -17,21 +21,31 @@ import asyncio
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from inference_wrapper.audit.generator import AuditedGenerator, LogBinding
+from inference_wrapper.engine.model import load_model
+from inference_wrapper.engine.params import GenerationParams
+from inference_wrapper.engine.tiny import build_tiny_model
 from ledger.anchor.local import LocalAnchor
 from ledger.checkpoint import NoteSigner
+from ledger.leaves.record_v2 import EnvironmentRef
 from ledger.store.keys import encode_signer_key
 from ledger.store.migrate import upgrade
 from ledger.store.sql import SqlLedger
-from tests.records import make_record
 
 ORIGIN = "bench.audit-ledger/log"
 ROOT = Path(__file__).resolve().parent.parent
 CHUNK = 4096
+BATCH = 32
+PROMPTS = ("Summarise the credit exposure of the retail portfolio:",
+           "List three risks of the proposed loan:", "Translate to French: good morning",
+           "Is this transaction suspicious? Amount 9,900 EUR, new payee, 03:12 UTC.")
 
 
 def build(url: str, count: int, key_path: Path) -> None:
@@ -39,25 +53,44 @@ def build(url: str, count: int, key_path: Path) -> None:
     private = Ed25519PrivateKey.generate()
     signer = NoteSigner(ORIGIN, private)
     key_path.write_text(encode_signer_key(ORIGIN, private))
+    torch.set_num_threads(1)
     started = time.perf_counter()
-    with SqlLedger(url, sqlite_synchronous="NORMAL") as ledger:
+    with tempfile.TemporaryDirectory() as tmp, \
+            SqlLedger(url, sqlite_synchronous="NORMAL") as ledger:
+        manifest = build_tiny_model(Path(tmp) / "tiny")
+        generator = AuditedGenerator(load_model(Path(tmp) / "tiny", manifest=manifest))
+        params = GenerationParams(max_new_tokens=24)
+        results = [generator.run_batch([
+            generator.prepare(f"{PROMPTS[(b + i) % len(PROMPTS)]} ({b}.{i})", params,
+                              f"tenant-{i % 4}") for i in range(BATCH)]) for b in range(8)]
         ledger.create_log_meta(ORIGIN, signer.verifier().encode())
+        environment = generator.environment_leaf()
+        receipt = ledger.append(environment)
+        log = LogBinding(ORIGIN)
+        log.bind(generator.environment(),
+                 EnvironmentRef(receipt.leaf_index, environment.leaf_hash))
+        wanted = count - 1  # the environment leaf is the first entry
 
         async def fill() -> None:
-            for start in range(0, count, CHUNK):
-                records = [make_record(i, padding=100) for i in
-                           range(start, min(count, start + CHUNK))]
-                outcomes = await ledger.append_many_async(records)
+            written, turn = 0, 0
+            while written < wanted:
+                leaves = []
+                while len(leaves) < min(CHUNK, wanted - written):
+                    leaves.extend(o.record for o in generator.seal(results[turn % 8], log))
+                    turn += 1
+                leaves = leaves[:wanted - written]
+                outcomes = await ledger.append_many_async(leaves)
                 failed = [o for o in outcomes if isinstance(o, BaseException)]
                 assert not failed, failed[:1]
-                if start % (CHUNK * 25) == 0:
-                    print(f"  built {start + len(records):,} records", file=sys.stderr)
+                written += len(leaves)
+                if written % (CHUNK * 25) < len(leaves):
+                    print(f"  built {written + 1:,} entries", file=sys.stderr)
 
         asyncio.run(fill())
         sealed = ledger.seal_checkpoint(signer, ORIGIN)
         assert sealed is not None and sealed.size == count
         LocalAnchor(ledger, signer.verifier(), ORIGIN).anchor(sealed.note)
-    print(f"built {count:,} records in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    print(f"built {count:,} entries in {time.perf_counter() - started:.0f} s", file=sys.stderr)
 
 
 def timed(command: list[str]) -> tuple[float, str]:
@@ -78,6 +111,7 @@ def main() -> None:
     parser.add_argument("--db", type=Path, default=Path("/tmp/bench_fsck_audit.db"))
     parser.add_argument("--reuse", action="store_true",
                         help="use the database at --db if it is there")
+    parser.add_argument("--build-only", action="store_true", help="build the log and stop")
     args = parser.parse_args()
     url = f"sqlite:///{args.db}"
     key_path = args.db.with_suffix(".key")
@@ -85,6 +119,8 @@ def main() -> None:
         for stale in (args.db, Path(f"{args.db}-wal"), Path(f"{args.db}-shm")):
             stale.unlink(missing_ok=True)
         build(url, args.records, key_path)
+    if args.build_only:
+        return
     with SqlLedger(url) as ledger:
         size, _ = ledger.tree_head()
     from ledger.store.keys import decode_signer_key

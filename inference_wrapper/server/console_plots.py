@@ -17,10 +17,14 @@ from html import escape as _escape
 from typing import Any
 
 from inference_wrapper.server.console_pages import visible
+from ledger.leaves.record_v2 import RECORD_KIND
+from ledger.record import RECORD_SCHEMA
 
-# The fingerprint columns whose changes the timeline shows, with their labels.
+# The fingerprint columns whose changes the timeline shows, with their labels. A v2
+# record's columns are those of the environment leaf it names (the mirror fills them in).
 TIMELINE_FIELDS = (
     ("model_digest", "model digest"),
+    ("accelerator_model", "accelerator"),
     ("driver_version", "driver"),
     ("torch_version", "torch"),
     ("service_revision", "service revision"),
@@ -100,7 +104,7 @@ class Point:
     columns: dict[str, object]
     timings_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     batch_size: int | None = None
-    schema: str = "audit-record/v1"  # the leaf's kind: only generate records have fingerprints
+    schema: str = RECORD_SCHEMA  # the leaf's kind: only generate records have fingerprints
 
     @classmethod
     def from_record(cls, created_at: datetime, columns: dict[str, object],
@@ -237,13 +241,21 @@ def phase_charts_svg(points: Iterable[Point], *, title: str) -> str:
         for phase, lines in sorted(grouped.items(), key=lambda kv: (kv[0] == "total", kv[0])))
 
 
+# The leaves that are inference records (v1 and v2, in one log): only they have fingerprints.
+RECORD_SCHEMAS = frozenset((RECORD_SCHEMA, RECORD_KIND))
+
+
 def fingerprint_changes(points: Sequence[Point]) -> list[Change]:
-    """Where each timeline column changes, in log order, with the run lengths on each side."""
+    """Where each timeline column changes, in log order, with the run lengths on each side.
+
+    v1 and v2 records form one run per column: a v2 record's value is its environment
+    leaf's, so a change of environment between v2 records (or from v1 to v2) is a change.
+    """
     changes: list[Change] = []
     for field, _ in TIMELINE_FIELDS:
         runs: list[tuple[str, datetime, int]] = []  # value, first seen, count
         for point in points:
-            if point.schema != "audit-record/v1":  # access, erasure, report... leaves
+            if point.schema not in RECORD_SCHEMAS:  # access, erasure, report... leaves
                 continue
             value = str(point.columns.get(field) or "unknown")
             if runs and runs[-1][0] == value:

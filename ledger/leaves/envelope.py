@@ -123,6 +123,28 @@ def parse_envelope(envelope: bytes) -> dict[str, Any]:
     return value
 
 
+# An envelope exactly as ``envelope_bytes`` writes it: RFC 8785 text whose values need no
+# escapes, so a full match is the canonical form and its groups are the members.
+_CANONICAL_ENVELOPE = re.compile(
+    rb'\{"body":"(sha256:[0-9a-f]{64})","created_at":"([0-9]{4}-[0-9]{2}-[0-9]{2}T'
+    rb'[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z)","kind":"([a-z0-9][a-z0-9/._-]{0,63})",'
+    rb'"schema":"audit-leaf/v2","tenant_tag":(?:null|"(sha256:[0-9a-f]{64})")\}')
+
+
+def canonical_envelope(envelope: bytes) -> dict[str, Any] | None:
+    """The members of an envelope in canonical form with plain values (every envelope the
+    writer makes), without the JSON parser: exactly what ``parse_envelope`` returns for
+    those bytes. None for any other bytes (``parse_envelope`` then judges them)."""
+    found = _CANONICAL_ENVELOPE.fullmatch(envelope)
+    if found is None:
+        return None
+    body, created_at, kind, tag = found.groups()
+    return {"schema": ENVELOPE_SCHEMA, "kind": kind.decode("ascii"),
+            "created_at": created_at.decode("ascii"),
+            "tenant_tag": None if tag is None else tag.decode("ascii"),
+            "body": body.decode("ascii")}
+
+
 def is_envelope(leaf_bytes: bytes) -> bool:
     """Whether stored leaf bytes are a v2 envelope (a v1 leaf is its record itself).
     A cheap test on the bytes: canonical JSON puts ``body`` first and every v1 record

@@ -18,7 +18,13 @@ from ledger.leaves.content_leaves import (
     validate_access_v2,
     validate_erasure_v2,
 )
-from ledger.leaves.envelope import Leaf, check_body_digest, parse_envelope, tenant_tag
+from ledger.leaves.envelope import (
+    Leaf,
+    canonical_envelope,
+    check_body_digest,
+    parse_envelope,
+    tenant_tag,
+)
 from ledger.leaves.environment import ENVIRONMENT_KIND, validate_environment
 from ledger.leaves.record_v2 import RECORD_KIND, validate_record_v2
 from ledger.leaves.report import REPORT_KIND, validate_report_v2
@@ -43,7 +49,10 @@ def open_leaf(envelope: bytes, body: bytes, origin: str, *, strict: bool = False
     envelope's shape, the body's digest, the body's kind rules, and the envelope's
     kind, time and tenant tag against the body's. ``strict`` also refuses bytes that are
     not in canonical form (what the writer produced; fsck checks it)."""
-    fields = parse_envelope(envelope)
+    fields = canonical_envelope(envelope)
+    canonical = fields is not None  # then it needs no second parse under ``strict``
+    if fields is None:
+        fields = parse_envelope(envelope)
     check_body_digest(fields, body)
     kind = fields["kind"]
     rules = V2_KINDS.get(kind)
@@ -52,7 +61,7 @@ def open_leaf(envelope: bytes, body: bytes, origin: str, *, strict: bool = False
                                  field="envelope.kind")
     validate, tenant_scoped = rules
     content = parse_canonical(body) if strict else parse_strict(body)
-    if strict:
+    if strict and not canonical:
         parse_canonical(envelope)
     if not isinstance(content, dict) or content.get("schema") != kind:
         raise LeafBindingError(f"the envelope's kind is {kind}, the body's schema is "

@@ -34,7 +34,8 @@ from sqlalchemy import select
 from ledger import merkle
 from ledger.audit import (
     ENVIRONMENT_MISMATCH,
-    column_findings,
+    RECORD_UNPARSEABLE,
+    compare_columns,
     environment_reference_problem,
     open_row,
 )
@@ -253,21 +254,21 @@ def _check_row(row: RecordRow, leaf: bytes, report: FsckReport, origin: str,
         report.findings.append(Finding("record_altered", where,
                                        "canonical bytes do not hash to the log's leaf"))
         return
+    body = row.body  # inflated once: the leaf is opened once for every check below
+    try:
+        opened = open_row(row.canonical, body, origin, strict=True)
+    except LedgerError as exc:
+        report.findings.append(Finding(RECORD_UNPARSEABLE, where,
+                                       f"stored bytes are not a record: {exc}"))
+        return
     stored = dict(row.columns, record_id=row.record_id, tenant=row.tenant,
                   created_at=row.created_at, environment_index=row.environment_index)
-    findings = column_findings(row.leaf_index, row.record_id, row.canonical, stored,
-                               strict=True, body=row.body, origin=origin)
+    findings = compare_columns(row.leaf_index, row.record_id, opened, stored)
     for found in findings:
         report.findings.append(Finding(found.kind, where,
                                        found.message.removeprefix(f"{where}: ")))
-    if row.body is None or findings:
+    if findings or not isinstance(opened, Leaf):
         return  # a v1 record names no environment; a bad row is reported already
-    try:
-        opened = open_row(row.canonical, row.body, origin)
-    except LedgerError:
-        return
-    if not isinstance(opened, Leaf):
-        return
     if opened.kind == ENVIRONMENT_KIND:
         environment_leaves[row.leaf_index] = opened
         return

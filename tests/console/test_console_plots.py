@@ -3,9 +3,11 @@ and bidi characters from the records spelled out (issue 26)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -96,3 +98,65 @@ def test_the_report_spells_a_bidi_override_everywhere(tmp_path: Path) -> None:
     assert ("<td>driver</td><td>550.54.15</td><td>2</td><td>&lt;U+202E&gt;51.45.055</td>"
             in html)  # the change table
     assert "-&gt; &lt;U+202E&gt;51.45.055" in html  # the timeline's mark
+
+
+# --- v2 records: fingerprints from the environment leaf each one names --------------------
+
+ORIGIN = "audit-ledger.test/log"
+
+
+def _v2_log(url: str) -> None:
+    """3 v1 records, environment A (leaf 3), v2 records 4-7 naming it, environment B
+    (leaf 8, model B and driver B), v2 records 9-11 naming B; tenants alternate."""
+    from tests.mixed_log import append_all, mixed_leaves
+
+    append_all(url, mixed_leaves(ORIGIN, 12, lambda i: START + timedelta(minutes=i), v1=3,
+                                 switch=8))
+
+
+def _change_row(what: str, before: str, count_before: int, after: str, count_after: int,
+                ) -> str:
+    return (f"<td>{what}</td><td><code>{before}</code></td><td>{count_before}</td>"
+            f"<td><code>{after}</code></td><td>{count_after}</td>")
+
+
+async def test_an_environment_change_between_v2_records_is_in_the_console_change_table(
+        aiohttp_client: Any, tmp_path: Path, tiny_generator: Any) -> None:
+    from inference_wrapper.server.app import KEYS, create_app
+    from inference_wrapper.server.settings import Settings
+    from tests.console.conftest import sign_in
+    from tests.mixed_log import DRIVER_A, DRIVER_B, MODEL_A, MODEL_B
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    await asyncio.to_thread(_v2_log, url)  # append_all runs its own event loop
+    app = create_app(Settings(database_url=url, log_key_path=tmp_path / "log.key",
+                              origin=ORIGIN, max_wait_ms=5.0), tiny_generator)
+    client = await aiohttp_client(app)
+    assert (await sign_in(client, app[KEYS].create("audit-firm", "auditor")[0])).status == 303
+    page = await (await client.get("/console/plots?since=2026-11-30T08:00"
+                                   "&until=2026-11-30T10:00")).text()
+    # The v2 records 4-7 under environment A, then 9-11 under B.
+    assert _change_row("driver", DRIVER_A, 4, DRIVER_B, 3) in page
+    assert _change_row("model digest", MODEL_A, 4, MODEL_B, 3) in page
+    # The v1 records (driver 550.54.15) before the first environment: a change too.
+    assert _change_row("driver", "550.54.15", 3, DRIVER_A, 4) in page
+
+
+def test_an_environment_change_between_v2_records_is_in_the_report_change_table(
+        tmp_path: Path) -> None:
+    from tests.mixed_log import DRIVER_A, DRIVER_B, MODEL_A, MODEL_B
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    _v2_log(url)
+    signer = NoteSigner(ORIGIN, Ed25519PrivateKey.generate())
+    with SqlLedger(url) as ledger:
+        ledger.create_log_meta(ORIGIN, signer.verifier().encode())
+        ledger.seal_checkpoint(signer, ORIGIN)
+    out = tmp_path / "pack"
+    assert main(["report", "--db", url, "--log-key", signer.verifier().encode(), "--out",
+                 str(out), "--from", "2026-11-30T08:00:00", "--to", "2026-11-30T10:00:00"]) == 0
+    html = (out / "report.html").read_text()
+    assert (f"<td>driver</td><td>{DRIVER_A}</td><td>4</td><td>{DRIVER_B}</td><td>3</td>"
+            in html)
+    assert (f"<td>model digest</td><td>{MODEL_A}</td><td>4</td><td>{MODEL_B}</td><td>3</td>"
+            in html)

@@ -249,3 +249,48 @@ def test_integral_float_check_reads_the_bytes(data: bytes, found: bool) -> None:
     from ledger.canonical import _has_integral_float
 
     assert _has_integral_float(data) is found
+
+
+@settings(max_examples=int(os.environ.get("CANONICAL_EXAMPLES", "3000")), deadline=None)
+@given(json_values)
+def test_quick_reading_of_canonical_bytes_equals_the_hooked_parser(value: object) -> None:
+    # parse_strict and parse_canonical read canonical bytes with the plain C parser:
+    # the value must be exactly the one the per-object and per-number hooks build.
+    from ledger import canonical
+
+    data = _reference(value)
+    if data is None:
+        return
+    hooked = canonical.parse_strict(data.decode("utf-8"))  # text never takes the quick path
+    quick = canonical._read_canonical(data, canonical.MAX_JSON_DEPTH)
+    assert quick is canonical._UNREAD or (quick == hooked and type(quick) is type(hooked))
+    assert canonical.parse_strict(data) == hooked
+
+
+@pytest.mark.parametrize("data, message", [
+    (b'{"a":1,"a":1}', "duplicate key 'a'"),  # the C parser keeps one of them
+    (b'{"a":Infinity}', "Infinity is not JSON"),
+    (b'["\\ud800"]', "lone surrogate"),
+    (b"[" * 65 + b"]" * 65, "nested deeper than 64"),
+    (b'{"a":' + b"1" * 41 + b"}", "a number of 41 digits"),
+])
+def test_quick_reading_refuses_what_the_strict_parser_refuses(data: bytes, message: str
+                                                              ) -> None:
+    from ledger.canonical import parse_strict
+
+    for parse in (parse_strict, parse_canonical):
+        with pytest.raises(CanonicalFormError, match=message):
+            parse(data)
+
+
+@pytest.mark.parametrize("shape, exponent, long", [
+    (b"0e+00", True, False), (b"a0e+00", False, False), (b" 0.000e+00", True, False),
+    (b"00.0e+00", False, False), (b".0e+00", False, False), (b"0." + b"0" * 16, False, False),
+    (b" " + b"0" * 16, False, True), (b"a" + b"0" * 20 + b" " + b"0" * 16, False, True),
+    (b"a" + b"0" * 20, False, False), (b"0" * 16, False, True),
+])
+def test_shape_scans(shape: bytes, exponent: bool, long: bool) -> None:
+    from ledger.canonical import _has_exponent_float, _has_long_integer
+
+    assert _has_exponent_float(shape) is exponent
+    assert _has_long_integer(shape) is long

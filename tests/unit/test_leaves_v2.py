@@ -260,6 +260,21 @@ def test_the_written_out_envelope_is_the_encoders(tag: str | None) -> None:
             envelope_members(kind, created_at, tag, body))
 
 
+@pytest.mark.parametrize("tag", [None, "sha256:" + "ab" * 32])
+def test_the_envelope_read_without_the_parser_is_the_parsers(tag: str | None) -> None:
+    from ledger.leaves.envelope import canonical_envelope, envelope_bytes, parse_envelope
+
+    body = b'{"x":1}'
+    for kind in ("audit-record/v2", "environment/v1"):
+        envelope = envelope_bytes(kind, "2026-12-02T01:02:03.456Z", tag, body)
+        assert canonical_envelope(envelope) == parse_envelope(envelope)
+    written = envelope_bytes("audit-record/v2", "2026-12-02T01:02:03.456Z", tag, body)
+    for other in (written.replace(b'","kind"', b'", "kind"'),  # not canonical: the parser
+                  written + b" ", written.replace(b"audit-record/v2", b"Audit-record/v2"),
+                  written.replace(b'"schema":"audit-leaf/v2"', b'"schema":"audit-leaf/v3"')):
+        assert canonical_envelope(other) is None
+
+
 def _facts(row: int, **change: Any) -> Any:
     from ledger.leaves.record_v2 import RowFacts
 

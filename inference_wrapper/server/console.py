@@ -417,6 +417,11 @@ def _search_main(typed: Any, known: dict[str, list[str]], rows: list[RecordRow],
                    "export all matching as CSV</a> · "
                    f'<a id="bundle-export" href="{escape("/console/records.bundle?" + query)}">'
                    "as an evidence bundle</a>")
+        if search.since is not None and search.until is not None:
+            # Its own page: a proof reads every leaf of the window, not one page of rows.
+            exports += (f' · <a id="prove-complete" href="'
+                        f'{escape("/console/prove?" + query)}">prove this answer complete'
+                        "</a>")
     return template("search.html").substitute(
         since=escape(typed.get("since") or ""), until=escape(typed.get("until") or ""),
         limit=escape(typed.get("limit") or "50"), inputs=search_inputs(typed, known),
@@ -646,7 +651,11 @@ async def static(request: web.Request) -> web.Response:
 
 
 def console_routes() -> list[web.RouteDef]:
+    # Imported here: the proof page is built on this module's session and search helpers.
+    from inference_wrapper.server.console_prove import prove_page
+
     return [
+        web.get("/console/prove", prove_page),
         web.get("/console", search_page),
         web.get("/console/login", login_form),
         web.post("/console/login", login),

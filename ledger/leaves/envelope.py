@@ -12,6 +12,7 @@ the log's origin (decision record 0026 says what that discloses).
 
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
 import re
@@ -28,8 +29,22 @@ ENVELOPE_SCHEMA = "audit-leaf/v2"
 ENVELOPE_KEYS = frozenset(("schema", "kind", "created_at", "tenant_tag", "body"))
 TENANT_TAG_LABEL = "audit-ledger tenant-tag/v1\n"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
-# RFC 3339 UTC with milliseconds, as ``utc_timestamp`` writes it.
-TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z\Z")
+# RFC 3339 UTC with milliseconds, as ``utc_timestamp`` writes it. ASCII digits only: a
+# str pattern's ``\d`` also matches other scripts' digits (Arabic-Indic, ...).
+TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z\Z")
+
+
+def is_timestamp(value: object) -> bool:
+    """Whether ``value`` is a leaf time: ``TIMESTAMP``'s form and a real instant (no month
+    13, no hour 24, no leap second). verify.js's ``isTimestamp`` is the same rule."""
+    if not isinstance(value, str) or not TIMESTAMP.match(value):
+        return False
+    try:  # the pattern holds ASCII digits only, so int() reads each field as written
+        datetime.datetime(int(value[0:4]), int(value[5:7]), int(value[8:10]),
+                          int(value[11:13]), int(value[14:16]), int(value[17:19]))
+    except ValueError:
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=4096)  # a log has few tenants; every record needs its tag
@@ -85,7 +100,10 @@ def envelope_bytes(kind: str, created_at: str, tag: str | None, body: bytes) -> 
     """The envelope's canonical bytes, written out: every value is ASCII from a checked
     alphabet (a kind, an RFC 3339 time, hex digests), so RFC 8785 is this exact text
     (``tests/unit/test_leaves_v2.py`` compares it with the encoder)."""
-    if not TIMESTAMP.match(created_at) or (tag is not None and not _DIGEST.match(tag)) \
+    if not is_timestamp(created_at):
+        raise CanonicalFormError("must be RFC 3339 UTC with milliseconds",
+                                 field="envelope.created_at")
+    if (tag is not None and not _DIGEST.match(tag)) \
             or not kind.isascii() or '"' in kind or "\\" in kind or not kind.isprintable():
         return canonical_bytes(envelope_members(kind, created_at, tag, body))
     return (b'{"body":"sha256:' + hashlib.sha256(body).hexdigest().encode("ascii")
@@ -111,7 +129,7 @@ def parse_envelope(envelope: bytes) -> dict[str, Any]:
         raise CanonicalFormError(f"must be {ENVELOPE_SCHEMA!r}", field="envelope.schema")
     if not isinstance(value["kind"], str) or not value["kind"]:
         raise CanonicalFormError("must be a non-empty string", field="envelope.kind")
-    if not isinstance(value["created_at"], str) or not TIMESTAMP.match(value["created_at"]):
+    if not is_timestamp(value["created_at"]):
         raise CanonicalFormError("must be RFC 3339 UTC with milliseconds",
                                  field="envelope.created_at")
     tag = value["tenant_tag"]
@@ -136,7 +154,7 @@ def canonical_envelope(envelope: bytes) -> dict[str, Any] | None:
     writer makes), without the JSON parser: exactly what ``parse_envelope`` returns for
     those bytes. None for any other bytes (``parse_envelope`` then judges them)."""
     found = _CANONICAL_ENVELOPE.fullmatch(envelope)
-    if found is None:
+    if found is None or not is_timestamp(found.group(2).decode("ascii")):
         return None
     body, created_at, kind, tag = found.groups()
     return {"schema": ENVELOPE_SCHEMA, "kind": kind.decode("ascii"),

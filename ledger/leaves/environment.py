@@ -17,7 +17,7 @@ from typing import Any
 from ledger.canonical import canonical_bytes
 from ledger.errors import CanonicalFormError
 from ledger.leaf_base import new_record_id, utc_timestamp, validate_common
-from ledger.leaves.envelope import TIMESTAMP, Leaf, seal
+from ledger.leaves.envelope import Leaf, is_timestamp, seal
 
 ENVIRONMENT_KIND = "environment/v1"
 SECTIONS = ("model", "hardware", "software", "tokenization_contract")
@@ -76,7 +76,7 @@ def validate_environment(body: Mapping[str, Any]) -> None:
     if body["schema"] != ENVIRONMENT_KIND:
         raise CanonicalFormError(f"must be {ENVIRONMENT_KIND!r}", field="environment.schema")
     validate_common(body, ("record_id", "created_at", "engine"))
-    if not TIMESTAMP.match(body["created_at"]):
+    if not is_timestamp(body["created_at"]):
         raise CanonicalFormError("must be RFC 3339 UTC with milliseconds",
                                  field="environment.created_at")
     for section in SECTIONS:

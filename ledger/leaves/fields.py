@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ledger.errors import CanonicalFormError
-from ledger.leaves.envelope import TIMESTAMP
+from ledger.leaves.envelope import is_timestamp
 
 ENGINE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
 
@@ -39,7 +39,7 @@ def common_members(body: Mapping[str, Any], kind: str, where: str) -> None:
         raise CanonicalFormError(f"must be {kind!r}", field=f"{where}.schema")
     text(body["record_id"], f"{where}.record_id", 64)
     text(body["tenant"], f"{where}.tenant", 128)
-    if not isinstance(body["created_at"], str) or not TIMESTAMP.match(body["created_at"]):
+    if not is_timestamp(body["created_at"]):
         raise CanonicalFormError("must be RFC 3339 UTC with milliseconds",
                                  field=f"{where}.created_at")
 

@@ -19,7 +19,7 @@ from ledger.canonical import Layout, LayoutError, canonical_bytes, json_number
 from ledger.errors import CanonicalFormError
 from ledger.leaf_base import new_record_id, utc_timestamp, validate_common
 from ledger.leaves.commitments import validate_commitments
-from ledger.leaves.envelope import TIMESTAMP, Leaf, seal, tenant_tag
+from ledger.leaves.envelope import Leaf, is_timestamp, seal, tenant_tag
 
 RECORD_KIND = "audit-record/v2"
 RECORD_KEYS = frozenset(("schema", "record_id", "created_at", "tenant", "engine",
@@ -256,7 +256,7 @@ def validate_record_v2(body: Mapping[str, Any]) -> None:
     if body["schema"] != RECORD_KIND:
         raise _fail("schema", f"must be {RECORD_KIND!r}")
     validate_common(body)
-    if not TIMESTAMP.match(body["created_at"]):
+    if not is_timestamp(body["created_at"]):
         raise _fail("created_at", "must be RFC 3339 UTC with milliseconds")
     if not isinstance(body["engine"], str) or not _ENGINE.match(body["engine"]):
         raise _fail("engine", "must be 1-64 letters, digits, '.', '_' or '-'")

@@ -16,7 +16,7 @@ from typing import Any
 from ledger.canonical import canonical_bytes
 from ledger.errors import CanonicalFormError
 from ledger.leaves import fields
-from ledger.leaves.envelope import TIMESTAMP, Leaf, seal, tenant_tag
+from ledger.leaves.envelope import Leaf, is_timestamp, seal, tenant_tag
 from ledger.report_record import REPORT_TENANT
 
 REPORT_KIND = "report-record/v2"
@@ -50,7 +50,7 @@ def validate_report_v2(body: Mapping[str, Any]) -> None:
     if not isinstance(report["digest"], str) or not _DIGEST.match(report["digest"]):
         raise CanonicalFormError("must be 'sha256:<64 hex>'", field="report.report.digest")
     for key in ("from", "to"):
-        if not isinstance(report[key], str) or not TIMESTAMP.match(report[key]):
+        if not is_timestamp(report[key]):
             raise CanonicalFormError("must be RFC 3339 UTC with milliseconds",
                                      field=f"report.report.{key}")
     fields.text(report["made_by"], "report.report.made_by", 256)

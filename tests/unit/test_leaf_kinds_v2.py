@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from ledger.canonical import canonical_bytes
 from ledger.errors import CanonicalFormError, LeafBindingError
 from ledger.leaves.content_leaves import (
     ACCESS_KIND,
@@ -125,3 +126,41 @@ def test_access_erasure_and_report_refuse_members_outside_their_tables(
     report = copy.deepcopy(dict(leaves["report"].content))
     report["report"]["from"] = "yesterday"
     _refused(validate_report_v2, report, "report.report.from")
+
+
+# Not times: a month 13, hour 99 (the right form, no such instant); digits of another
+# script, which a str pattern's \d would take (Arabic-Indic 2026).
+IMPOSSIBLE = "2026-13-45T99:99:99.999Z"
+OTHER_DIGITS = "\u0662\u0660\u0662\u0666-12-02T00:00:00.000Z"
+
+
+@pytest.mark.parametrize("time", [IMPOSSIBLE, OTHER_DIGITS, "2026-02-29T00:00:00.000Z",
+                                  "2026-12-02T23:59:60.000Z"])
+def test_a_leaf_time_is_a_real_instant_in_ascii_digits(time: str) -> None:
+    from ledger.leaves.envelope import envelope_bytes, envelope_members, is_timestamp
+    from ledger.leaves.report import build_report
+
+    assert not is_timestamp(time)
+    assert is_timestamp("2028-02-29T23:59:59.999Z")
+    # The writer refuses it by the field, never with a UnicodeEncodeError.
+    with pytest.raises(CanonicalFormError, match="envelope.created_at: must be RFC 3339"):
+        envelope_bytes(REPORT_KIND, time, tenant_tag(ORIGIN, REPORT_TENANT), b"{}")
+    report = {"origin": ORIGIN, "digest": "sha256:" + "0" * 64, "scope_tenant": None,
+              "since": "2026-12-01T00:00:00.000Z", "until": "2026-12-02T00:00:00.000Z",
+              "made_by": "cli:x", "file": "r.html",
+              "leaf_id": "0192f0c0-0000-7000-8000-000000000009",
+              "created_at": "2026-12-02T00:00:00.000Z"}
+    with pytest.raises(CanonicalFormError, match="report.report.from: must be RFC 3339"):
+        build_report(**{**report, "since": time})
+    with pytest.raises(CanonicalFormError, match="report.created_at: must be RFC 3339"):
+        build_report(**{**report, "created_at": time})
+    # A log writer's leaf with that time in both envelope and body: the verifier refuses
+    # it at the envelope (strict or not).
+    content = json.loads(build_report(**report).body)
+    content["created_at"] = content["report"]["from"] = time
+    body = canonical_bytes(content)
+    envelope = canonical_bytes(envelope_members(REPORT_KIND, time,
+                                                tenant_tag(ORIGIN, REPORT_TENANT), body))
+    for strict in (False, True):
+        with pytest.raises(CanonicalFormError, match="envelope.created_at"):
+            open_leaf(envelope, body, ORIGIN, strict=strict)

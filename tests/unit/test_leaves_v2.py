@@ -253,11 +253,13 @@ def test_the_written_out_envelope_is_the_encoders(tag: str | None) -> None:
     from ledger.leaves.envelope import envelope_bytes, envelope_members
 
     body = b'{"x":1}'
-    for kind, created_at in (("audit-record/v2", "2026-12-02T01:02:03.456Z"),
-                             ('odd"kind', "2026-12-02T01:02:03.456Z"),
-                             ("environment/v1", "not a time")):
+    for kind in ("audit-record/v2", 'odd"kind'):
+        created_at = "2026-12-02T01:02:03.456Z"
         assert envelope_bytes(kind, created_at, tag, body) == canonical_bytes(
             envelope_members(kind, created_at, tag, body))
+    # A time that is not one is the writer's format error, not an envelope.
+    with pytest.raises(CanonicalFormError, match="envelope.created_at"):
+        envelope_bytes("environment/v1", "not a time", tag, body)
 
 
 @pytest.mark.parametrize("tag", [None, "sha256:" + "ab" * 32])

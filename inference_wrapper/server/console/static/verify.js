@@ -211,19 +211,123 @@ async function cosigners(noteText, witnesses) {
   return found;
 }
 
+// RFC 8785 text of a parsed JSON value. JSON.stringify already writes strings and numbers
+// as RFC 8785 does (ECMAScript number form, the same escapes); only the key order, by
+// UTF-16 code units (the default sort), is added.
+function canonicalJson(value) {
+  if (value === null || typeof value !== "object") return JSON.stringify(value);
+  if (Array.isArray(value)) return "[" + value.map(canonicalJson).join(",") + "]";
+  return "{" + Object.keys(value).sort().map((k) => JSON.stringify(k) + ":" + canonicalJson(value[k])).join(",") + "}";
+}
+
+// The value of bytes that must be canonical JSON, else an error naming `where`. Reading
+// them back into the same bytes refuses duplicate keys (JSON.parse keeps the last), a
+// byte order mark (the decoder drops it), whitespace and any other second spelling:
+// bytes one parser could read differently from another never get this far.
+function parseCanonical(bytes, where) {
+  let value;
+  try {
+    value = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(bytes));
+  } catch (err) {
+    throw new Error(`${where}: not UTF-8 JSON (${err.message})`);
+  }
+  if (!equal(enc.encode(canonicalJson(value)), bytes)) {
+    throw new Error(`${where}: not in RFC 8785 canonical form (a duplicate key, a byte order mark, whitespace or another spelling)`);
+  }
+  return value;
+}
+
+// RFC 3339 UTC with milliseconds, ASCII digits, and a real instant (no month 13, no
+// 24:00, no leap second), as ledger/timestamps.py's is_timestamp.
+const TIMESTAMP = /^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z$/;
+function isTimestamp(text) {
+  if (typeof text !== "string" || !TIMESTAMP.test(text) || text.startsWith("0000")) return false;
+  const time = new Date(text);
+  return !Number.isNaN(time.getTime()) && time.toISOString() === text;
+}
+
+// Each v2 kind's members, from ledger/leaves (decision records 0026, 0043): exactly the
+// required ones, else only the optional ones, in the body and in each nested section.
+// Any other kind is refused: a member the writer never writes (a prompt in plain text)
+// must not reach the page as if the log vouched for it.
+const ENVIRONMENT_REF = { required: ["leaf_index", "leaf_hash"] };
+const V2_KINDS = {
+  "audit-record/v2": {
+    scoped: true,
+    required: ["schema", "record_id", "created_at", "tenant", "engine", "environment", "commitments", "data", "batch", "timings_ms", "gpu_sample"],
+    optional: ["stream"],
+    sections: {
+      environment: ENVIRONMENT_REF,
+      commitments: { required: ["input", "input_ids", "output", "output_ids"], optional: ["stop", "user"] },
+      data: { required: ["input_token_count", "output_token_count", "truncated", "finish_reason", "shape", "padding", "generation"],
+              sections: { padding: { required: ["side", "count"] } } },
+      batch: { required: ["id", "size", "row"] },
+      stream: { required: ["start_record_id"] },
+    },
+  },
+  "environment/v1": {
+    scoped: false,
+    required: ["schema", "record_id", "created_at", "engine", "model", "hardware", "software", "tokenization_contract", "generation_config_digest"],
+  },
+  "audit-stream-start/v2": {
+    scoped: true,
+    required: ["schema", "record_id", "created_at", "tenant", "engine", "environment", "commitments", "data"],
+    sections: {
+      environment: ENVIRONMENT_REF,
+      commitments: { required: ["input"], optional: ["stop", "user"] },
+      data: { required: ["generation", "route"] },
+    },
+  },
+  "access-record/v2": {
+    scoped: true,
+    required: ["schema", "record_id", "created_at", "tenant", "access"],
+    sections: { access: { required: ["record_id", "accessor", "purpose", "channel"],
+                          sections: { accessor: { required: ["key_id", "role", "tenant"] } } } },
+  },
+  "erasure-record/v2": {
+    scoped: true,
+    required: ["schema", "record_id", "created_at", "tenant", "erasure"],
+    sections: { erasure: { required: ["records", "reason", "selector", "requested_by"], optional: ["legal_basis", "cancels"] } },
+  },
+  "report-record/v2": {
+    scoped: true,
+    required: ["schema", "record_id", "created_at", "tenant", "report"],
+    sections: { report: { required: ["digest", "from", "to", "scope_tenant", "made_by", "file"] } },
+  },
+};
+const ENVELOPE_MEMBERS = { required: ["schema", "kind", "created_at", "tenant_tag", "body"] };
+
+function checkMembers(value, rule, where) {
+  if (value === null || typeof value !== "object" || Array.isArray(value)) throw new Error(`${where}: must be an object`);
+  const allowed = new Set([...rule.required, ...(rule.optional || [])]);
+  const own = (k) => Object.prototype.hasOwnProperty.call(value, k);
+  const wrong = [...rule.required.filter((k) => !own(k)), ...Object.keys(value).filter((k) => !allowed.has(k))];
+  if (wrong.length) throw new Error(`${where}: must hold exactly ${rule.required.join(", ")}${rule.optional ? ` (and optionally ${rule.optional.join(", ")})` : ""}; wrong: ${wrong.sort().join(", ")}`);
+  for (const [name, sub] of Object.entries(rule.sections || {})) {
+    if (own(name)) checkMembers(value[name], sub, `${where}.${name}`);
+  }
+}
+
 // Record v2 (audit-leaf/v2): the leaf is a small envelope; the body beside it must hash
-// to the envelope's "body" and agree with its kind, time and tenant tag. Returns the body.
+// to the envelope's "body", be canonical, be one of the v2 kinds with exactly its
+// members, and agree with the envelope's kind, time and tenant tag (ledger/leaves/kinds.py
+// open_leaf, and more: the CLI accepts a body with whitespace, fsck does not).
 async function openLeafV2(envelopeBytes, bodyBytes, origin) {
-  const decoder = new TextDecoder("utf-8", { fatal: true });
-  const envelope = JSON.parse(decoder.decode(envelopeBytes));
-  if (!envelope || envelope.schema !== "audit-leaf/v2") throw new Error("the leaf is not an audit-leaf/v2 envelope");
+  const envelope = parseCanonical(envelopeBytes, "envelope");
+  checkMembers(envelope, ENVELOPE_MEMBERS, "envelope");
+  if (envelope.schema !== "audit-leaf/v2") throw new Error("the leaf is not an audit-leaf/v2 envelope");
+  if (!isTimestamp(envelope.created_at)) throw new Error("envelope.created_at: must be RFC 3339 UTC with milliseconds, a real time");
   const digest = "sha256:" + hex(await sha256(bodyBytes));
   if (digest !== envelope.body) throw new Error(`the body hashes to ${digest}, the envelope names ${envelope.body}`);
-  const body = JSON.parse(decoder.decode(bodyBytes));
-  if (!body || body.schema !== envelope.kind) throw new Error(`the envelope's kind is ${envelope.kind}, the body's schema is ${body && body.schema}`);
+  const rule = Object.prototype.hasOwnProperty.call(V2_KINDS, envelope.kind) ? V2_KINDS[envelope.kind] : null;
+  if (!rule) throw new Error(`envelope.kind: must be one of ${Object.keys(V2_KINDS).sort().join(", ")}`);
+  const body = parseCanonical(bodyBytes, "body");
+  if (!body || typeof body !== "object" || body.schema !== envelope.kind) throw new Error(`the envelope's kind is ${envelope.kind}, the body's schema is ${body && body.schema}`);
+  checkMembers(body, rule, envelope.kind);
+  if (!isTimestamp(body.created_at)) throw new Error(`${envelope.kind}.created_at: must be RFC 3339 UTC with milliseconds, a real time`);
   if (body.created_at !== envelope.created_at) throw new Error(`the envelope's time ${envelope.created_at} is not the body's ${body.created_at}`);
-  const expected = envelope.kind === "environment/v1" ? null
-    : "sha256:" + hex(await sha256(enc.encode(`audit-ledger tenant-tag/v1\n${origin}\n${body.tenant}`)));
+  const expected = rule.scoped
+    ? "sha256:" + hex(await sha256(enc.encode(`audit-ledger tenant-tag/v1\n${origin}\n${body.tenant}`))) : null;
   if (envelope.tenant_tag !== expected) throw new Error(`the envelope's tenant tag ${envelope.tenant_tag} is not the tag of tenant ${JSON.stringify(body.tenant)}`);
   return { envelope, body };
 }
@@ -231,18 +335,26 @@ async function openLeafV2(envelopeBytes, bodyBytes, origin) {
 const NAMES_ENVIRONMENT = new Set(["audit-record/v2", "audit-stream-start/v2"]);
 
 // Check 1 for a v2 leaf, and for a record the environment leaf it names. Returns the
-// environment's leaf hash (for check 2) or null.
+// environment's leaf hash (for check 2) or null. The same checks, in the same order, as
+// ledger/verify.py's _check_environment.
 async function checkLeafV2(evidence, bytes, origin) {
   const opened = await openLeafV2(bytes, b64decode(evidence.body_base64), origin);
   // A record and a stream start name the environment they ran under (decision 0043).
   if (!NAMES_ENVIRONMENT.has(opened.envelope.kind)) return { body: opened.body, environmentLeaf: null, environment: null };
-  const named = opened.body.environment || {};
+  const named = opened.body.environment;
   const given = evidence.environment;
   if (!given) throw new Error(`the record names environment leaf ${named.leaf_index} and the server gave none`);
   if (given.leaf_index !== named.leaf_index) throw new Error(`the server gave leaf ${given.leaf_index} as the environment, the record names leaf ${named.leaf_index}`);
   const envelope = b64decode(given.envelope_base64);
   const environment = await openLeafV2(envelope, b64decode(given.body_base64), origin);
   if (environment.envelope.kind !== "environment/v1") throw new Error(`leaf ${given.leaf_index} is not an environment`);
+  // An environment is declared before the records that ran under it, by their engine.
+  if (!(Number.isSafeInteger(given.leaf_index) && given.leaf_index < evidence.leaf_index)) {
+    throw new Error(`environment leaf ${given.leaf_index} was appended after record leaf ${evidence.leaf_index}`);
+  }
+  if (environment.body.engine !== opened.body.engine) {
+    throw new Error(`the record ran on ${opened.body.engine}, its environment leaf is ${environment.body.engine}'s`);
+  }
   const environmentLeaf = await hashLeaf(envelope);
   if (hex(environmentLeaf) !== named.leaf_hash) throw new Error(`the environment leaf hashes to ${hex(environmentLeaf)}, the record names ${named.leaf_hash}`);
   return { body: opened.body, environmentLeaf, environment: environment.body };

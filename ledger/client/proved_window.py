@@ -61,7 +61,7 @@ class LeafFilter:
         # A v1 record's tenant as canonical JSON spells it, for the tenant-only fast path.
         self._tenant_member = (b'"tenant":' + json.dumps(filters["tenant"]).encode()
                                if set(filters) == {"tenant"} else None)
-        self._environments: dict[int, tuple[str, dict[str, str | None]]] = {}
+        self._environments: dict[int, tuple[str, str, dict[str, str | None]]] = {}
 
     def body_tags(self) -> set[str | None] | None:
         """The tenant tags whose bodies the filter reads (None: every tag), so the
@@ -111,29 +111,36 @@ class LeafFilter:
         ref = leaf.content.get("environment")
         if ref is None:  # a log-wide leaf (an environment) has no filter columns of its own
             return False
-        columns = self._environment(index, int(ref["leaf_index"]), str(ref["leaf_hash"]))
+        columns = self._environment(index, int(ref["leaf_index"]), str(ref["leaf_hash"]),
+                                    str(leaf.content["engine"]))
         return all(str(columns.get(name)) == value for name, value in self.others.items())
 
-    def _environment(self, index: int, at: int, leaf_hash: str) -> dict[str, str | None]:
+    def _environment(self, index: int, at: int, leaf_hash: str, engine: str
+                     ) -> dict[str, str | None]:
         """The filter columns of the environment leaf ``at`` that record ``index`` names:
-        proved included at ``at``, hashing to the named leaf hash, its body checked."""
+        before it, proved included at ``at``, hashing to the named leaf hash, its body
+        checked, of the record's own engine (as verify, audit and fsck check it)."""
         assert self.reader is not None
+        if not 0 <= at < index:
+            raise LeafBindingError(f"leaf {index} names environment leaf {at}, which is "
+                                   "not before it")
         known = self._environments.get(at)
         if known is None:
-            if not 0 <= at < index:
-                raise LeafBindingError(f"leaf {index} names environment leaf {at}, which is "
-                                       "not before it")
             entry = self.reader.proved_leaf(at)
             leaf = open_leaf(entry, self.reader.body(at, entry), self.origin)
             if leaf.kind != ENVIRONMENT_KIND:
                 raise LeafBindingError(f"leaf {index} names leaf {at} as its environment; "
                                        f"it is a {leaf.kind}")
-            known = (merkle.hash_leaf(entry).hex(), environment_columns(leaf.content))
+            known = (merkle.hash_leaf(entry).hex(), str(leaf.content["engine"]),
+                     environment_columns(leaf.content))
             self._environments[at] = known
         if known[0] != leaf_hash:
             raise LeafBindingError(f"leaf {index} names environment leaf {at} with another "
                                    "leaf hash than the tree holds there")
-        return known[1]
+        if known[1] != engine:
+            raise LeafBindingError(f"leaf {index} ran on {engine}, the environment leaf {at} "
+                                   f"it names is {known[1]}'s")
+        return known[2]
 
 
 def prove_filtered_window(log: Any, since: datetime, until: datetime,

@@ -428,3 +428,41 @@ def test_a_library_caller_proves_a_filtered_window_from_the_log_tables(
     assert answer.summary() == "complete: every leaf in [89, 411) read and checked, " \
                                "75 matched"
     assert answer.matched == list(range(SWITCH + 1, 400, 2))
+
+
+class _Leaves:
+    """A BodyReader over leaves held in memory (their bodies are the writer's own)."""
+
+    def __init__(self, leaves: list[Any]) -> None:
+        self.leaves = leaves
+
+    def body(self, index: int, entry: bytes) -> bytes:
+        assert entry == self.leaves[index].envelope
+        return bytes(self.leaves[index].body)
+
+    def proved_leaf(self, index: int) -> bytes:
+        return bytes(self.leaves[index].envelope)
+
+
+def test_a_proved_window_refuses_an_environment_of_another_engine() -> None:
+    from ledger.client.proved_window import LeafFilter
+    from ledger.errors import LeafBindingError
+    from ledger.leaves.environment import build_environment
+    from tests.mixed_log import MODEL_A, record_v2
+
+    def environment(engine: str) -> Any:
+        inputs = copy.deepcopy(INPUTS["environment"])
+        inputs["model"]["digest"] = MODEL_A
+        return build_environment(**{**inputs, "engine": engine})
+
+    # The record ran on engine-0 (as record_v2 writes it) and names leaf 0.
+    for engine, outcome in (("engine-0", None), ("engine-other", "engine-other's")):
+        env = environment(engine)
+        leaves = [env, record_v2(ORIGIN, 1, _when(1), "bank-a", 0, env)]
+        keep = LeafFilter({"model_digest": MODEL_A}, ORIGIN, _Leaves(leaves))
+        if outcome is None:
+            assert keep(1, leaves[1].envelope)
+            continue
+        with pytest.raises(LeafBindingError, match="leaf 1 ran on engine-0, the environment "
+                                                   "leaf 0 it names is engine-other's"):
+            keep(1, leaves[1].envelope)

@@ -48,6 +48,7 @@ from inference_wrapper.server.tiles import (
     tlog_tile,
 )
 from inference_wrapper.server.validation import MAX_QUERY_INT, Field, openapi_schema
+from ledger.store.mirror import CURSOR_PATTERN
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,7 @@ _QUERY_SCHEMAS: dict[str, dict[str, Any]] = {
     "tree_size": {"type": "integer", "minimum": 0, "maximum": MAX_QUERY_INT},
     "from": {"type": "integer", "minimum": 0, "maximum": MAX_QUERY_INT},
     "to": {"type": "integer", "minimum": 0, "maximum": MAX_QUERY_INT},
+    "cursor": {"type": "string", "pattern": CURSOR_PATTERN},
     "since": {"type": "string", "format": "date-time"},
     "until": {"type": "string", "format": "date-time"},
 }
@@ -294,6 +296,12 @@ def openapi_document(limits: Limits | None = None, model: str | None = None
             if model is not None and "model" in schema["properties"]:
                 schema["properties"]["model"] = {**schema["properties"]["model"],
                                                  "enum": [model]}
+            if "stream_options" in schema["properties"]:
+                # OpenAI's rule, which the handlers enforce: options only for a stream.
+                schema["if"] = {"required": ["stream_options"],
+                                "properties": {"stream_options": {"type": "object"}}}
+                schema["then"] = {"required": ["stream"],
+                                  "properties": {"stream": {"const": True}}}
             operation["requestBody"] = {"required": True, "content": {
                 "application/json": {"schema": schema}}}
         if route.roles is not None:

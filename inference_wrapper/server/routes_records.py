@@ -133,7 +133,7 @@ async def record_proof(request: web.Request) -> web.Response:
         latest = await asyncio.to_thread(ledger.checkpoint, size)
         if latest is None or latest.size <= row.leaf_index:
             raise invalid("tree_size", f"no checkpoint of size {size} covers this record",
-                          status=400)
+                          status=404)
     else:
         latest = await asyncio.to_thread(ledger.latest_checkpoint)
     if latest is None or latest.size <= row.leaf_index:
@@ -182,6 +182,9 @@ async def consistency(request: web.Request) -> web.Response:
     first = query_int(request.query.get("from"), "from")
     second = query_int(request.query.get("to"), "to")
     ledger = request.app[LEDGER]
+    size, _ = await asyncio.to_thread(ledger.tree_head)
+    if second > size:  # a tree the log has not reached (yet): no such resource
+        raise invalid("to", f"{second} is beyond the log's size {size}", status=404)
     try:
         proof = await asyncio.to_thread(ledger.consistency_proof, first, second)
     except InvalidInputError as exc:

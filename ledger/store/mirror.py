@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import bisect
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -255,6 +256,8 @@ _MAX_MICROS = (datetime(9999, 12, 31) - _EPOCH) // timedelta(microseconds=1)
 def decode_position(cursor: str) -> Position:
     """A cursor from ``MirrorPage``; anything else is refused (field cursor)."""
     bad = InvalidInputError("cursor", "is not a cursor this service issued")
+    if _DECIMAL_CURSOR.fullmatch(cursor):
+        return Position("leaf", False, _EPOCH, int(cursor))
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
     except (ValueError, UnicodeDecodeError) as exc:
@@ -263,7 +266,7 @@ def decode_position(cursor: str) -> Position:
     if len(parts) == 2:
         return Position("leaf", False, _EPOCH, decode_cursor(cursor))
     if (len(parts) != 4 or parts[0] not in ("after", "before") or parts[1] not in PAGE_ORDERS
-            or not parts[2].lstrip("-").isdigit() or not parts[3].isdigit()
+            or not _ASCII_INTEGER.fullmatch(parts[2]) or not _ASCII_INTEGER.fullmatch(parts[3])
             or not 0 <= int(parts[2]) <= _MAX_MICROS):
         raise bad
     return Position(parts[1], parts[0] == "before",
@@ -371,15 +374,25 @@ def _naive_utc(moment: datetime) -> datetime:
     return moment
 
 
+CURSOR_PATTERN = "^[0-9]{1,18}$"  # what the OpenAPI document promises a client may send
+_DECIMAL_CURSOR = re.compile(CURSOR_PATTERN)
+_ASCII_INTEGER = re.compile("[0-9]{1,19}")  # str.isdigit() takes '²' and other scripts' digits
+
+
 def encode_cursor(leaf_index: int) -> str:
-    return base64.urlsafe_b64encode(f"after:{leaf_index}".encode()).decode().rstrip("=")
+    """The leaf index after which the next page starts, in decimal: a cursor grants
+    nothing (every page is filtered and scoped anew), so it need not be opaque, and a
+    plain pattern lets the API document say exactly which cursors it takes."""
+    return str(leaf_index)
 
 
 def decode_cursor(cursor: str) -> int:
-    try:
+    if _DECIMAL_CURSOR.fullmatch(cursor):
+        return int(cursor)
+    try:  # the base64 "after:N" cursors this service issued before
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         prefix, _, number = text.partition(":")
-        if prefix != "after" or not number.isdigit():
+        if prefix != "after" or not _ASCII_INTEGER.fullmatch(number):
             raise ValueError(text)
         return int(number)
     except (ValueError, UnicodeDecodeError) as exc:

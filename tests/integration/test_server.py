@@ -285,7 +285,7 @@ async def test_openai_unknown_model_404(service: Any) -> None:
 async def test_checkpoints_and_consistency_routes(service: Any) -> None:
     client, tokens = service
     for _ in range(3):
-        await generate(client, tokens["a"], max_new_tokens=1)
+        answer = await (await generate(client, tokens["a"], max_new_tokens=1)).json()
     app = client.server.app
     app[LEDGER].seal_checkpoint(app[SIGNER], app[SETTINGS].origin)
     latest = await (await client.get("/v1/checkpoints/latest", headers=bearer(tokens["a"]))).json()
@@ -295,6 +295,14 @@ async def test_checkpoints_and_consistency_routes(service: Any) -> None:
     assert proof.status == 200 and len((await proof.json())["proof"]) == 2
     bad = await client.get("/v1/checkpoints/consistency?from=5&to=4", headers=bearer(tokens["a"]))
     assert bad.status == 400 and (await bad.json())["field"] == "from"
+    # A tree the log has not reached, or a checkpoint that does not exist, is not found
+    # (404, naming the parameter): the request itself is well formed.
+    ahead = await client.get("/v1/checkpoints/consistency?from=1&to=999",
+                             headers=bearer(tokens["a"]))
+    assert ahead.status == 404 and (await ahead.json())["field"] == "to"
+    missing = await client.get(f"/v1/records/{answer['record_id']}/proof?tree_size=3",
+                               headers=bearer(tokens["a"]))
+    assert missing.status == 404 and (await missing.json())["field"] == "tree_size"
 
 
 async def test_health_readiness_metrics(service: Any) -> None:

@@ -1,5 +1,5 @@
 """v2 bodies published beside the entry bundles, one bundle per tenant tag (pure;
-docs/decisions/0047).
+docs/decisions/0045).
 
 For entry bundle ``tile/entries/<N>[.p/<W>]`` and each tenant tag its envelopes carry,
 ``bodies/<tag hex>/<N>[.p/<W>]`` holds the bodies of that tag's v2 leaves among those

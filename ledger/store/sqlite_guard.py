@@ -16,7 +16,7 @@ back writable serves again; a replaced or vanished file does not, until a restar
 process cannot tell which database is the right one). Closing a connection runs a
 checkpoint that writes into the same map, so a connection is not closed while the guard
 fails: it is kept, deliberately never freed, and the operating system releases it at
-exit. Decision record 0046.
+exit. Decision record 0044.
 """
 
 from __future__ import annotations

@@ -133,8 +133,10 @@ class Change:
 
 
 def per_minute(points: Iterable[Point]) -> list[tuple[datetime, int]]:
-    """Records per UTC minute, oldest first; minutes with no record are left out."""
-    counts = Counter(p.created_at.replace(second=0, microsecond=0) for p in points)
+    """Generate records per UTC minute, oldest first; minutes with none are left out.
+    A stream's start, a content read, an erasure or a report is a leaf too, not a request."""
+    counts = Counter(p.created_at.replace(second=0, microsecond=0) for p in points
+                     if p.schema in RECORD_SCHEMAS)
     return sorted(counts.items())
 
 

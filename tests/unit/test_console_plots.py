@@ -28,6 +28,15 @@ def test_per_minute_counts_each_minute_and_skips_empty_ones() -> None:
                                   (T0 + timedelta(minutes=10), 1)]
 
 
+def test_per_minute_counts_requests_not_the_other_leaves() -> None:
+    # One streamed call (its start and its record), a content read and an erasure: one
+    # request. Every leaf used to count, so this plotted as four requests a minute.
+    kinds = ["audit-stream-start/v2", "audit-record/v2", "access-record/v2",
+             "erasure-record/v2"]
+    points = [Point(T0 + timedelta(seconds=i), {}, schema=kind) for i, kind in enumerate(kinds)]
+    assert per_minute(points) == [(T0, 1)]
+
+
 def test_changes_name_when_and_how_many_records_on_each_side() -> None:
     points = [point(0), point(1), point(2, driver_version="560"), point(3, driver_version="560"),
               point(4, driver_version="560", service_revision="r2"),

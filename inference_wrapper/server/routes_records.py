@@ -183,8 +183,13 @@ async def consistency(request: web.Request) -> web.Response:
     second = query_int(request.query.get("to"), "to")
     ledger = request.app[LEDGER]
     size, _ = await asyncio.to_thread(ledger.tree_head)
-    if second > size:  # a tree the log has not reached (yet): no such resource
+    # Well-formed asks for a proof that does not exist are 404, naming the parameter: a
+    # tree the log has not reached (yet), or a proof from a larger tree to a smaller one.
+    if second > size:
         raise invalid("to", f"{second} is beyond the log's size {size}", status=404)
+    if first > second:
+        raise invalid("from", f"no consistency proof leads from size {first} to the "
+                      f"smaller size {second}", status=404)
     try:
         proof = await asyncio.to_thread(ledger.consistency_proof, first, second)
     except InvalidInputError as exc:

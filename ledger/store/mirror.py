@@ -374,7 +374,7 @@ def _naive_utc(moment: datetime) -> datetime:
     return moment
 
 
-CURSOR_PATTERN = "^[0-9]{1,18}$"  # what the OpenAPI document promises a client may send
+CURSOR_PATTERN = "^[0-9]{1,15}$"  # what the API document promises (below 2**53, as JSON)
 _DECIMAL_CURSOR = re.compile(CURSOR_PATTERN)
 _ASCII_INTEGER = re.compile("[0-9]{1,19}")  # str.isdigit() takes '²' and other scripts' digits
 

@@ -294,7 +294,7 @@ async def test_checkpoints_and_consistency_routes(service: Any) -> None:
                              headers=bearer(tokens["a"]))
     assert proof.status == 200 and len((await proof.json())["proof"]) == 2
     bad = await client.get("/v1/checkpoints/consistency?from=5&to=4", headers=bearer(tokens["a"]))
-    assert bad.status == 400 and (await bad.json())["field"] == "from"
+    assert bad.status == 404 and (await bad.json())["field"] == "from"
     # A tree the log has not reached, or a checkpoint that does not exist, is not found
     # (404, naming the parameter): the request itself is well formed.
     ahead = await client.get("/v1/checkpoints/consistency?from=1&to=999",

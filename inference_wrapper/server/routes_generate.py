@@ -21,7 +21,7 @@ from inference_wrapper.server.generate_service import (
     usage_json,
 )
 from inference_wrapper.server.idempotency import Rendered
-from inference_wrapper.server.validation import Field
+from inference_wrapper.server.validation import TEMPERATURE_GAP, TEMPERATURE_GAP_REASON, Field
 
 TRUNCATE_FIELD = Field("string", nullable=True, only=("left",),
                   description="absent or null: a prompt longer than the tokenization "
@@ -43,6 +43,7 @@ def generate_fields(limits: Limits) -> dict[str, Field]:
         "max_new_tokens": Field("integer", minimum=1, maximum=limits.max_new_tokens,
                                 description="tokens to generate (default 32)"),
         "temperature": Field("number", minimum=0, maximum=limits.max_temperature,
+                             gap=TEMPERATURE_GAP, gap_reason=TEMPERATURE_GAP_REASON,
                              description="0 for greedy decoding (default), else at least "
                              "0.01"),
         "top_p": Field("number", exclusive_minimum=0, maximum=1,

@@ -34,7 +34,7 @@ from inference_wrapper.server.generate_service import (
 from inference_wrapper.server.idempotency import Rendered
 from inference_wrapper.server.problems import Problem, invalid
 from inference_wrapper.server.routes_generate import SEED_FIELD, TRUNCATE_FIELD
-from inference_wrapper.server.validation import Field
+from inference_wrapper.server.validation import TEMPERATURE_GAP, TEMPERATURE_GAP_REASON, Field
 
 MAX_USER_CHARS = 256
 # Penalties: this server's sampler applies none, so only their no-op value is accepted
@@ -59,6 +59,7 @@ def _openai_common(limits: Limits) -> dict[str, Field]:
                             maximum=limits.max_new_tokens),
         "temperature": Field("number", nullable=True, minimum=0,
                              maximum=limits.max_temperature,
+                             gap=TEMPERATURE_GAP, gap_reason=TEMPERATURE_GAP_REASON,
                              description="0 for greedy decoding, else at least 0.01"),
         "top_p": Field("number", nullable=True, exclusive_minimum=0, maximum=1),
         "seed": SEED_FIELD,

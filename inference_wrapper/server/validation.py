@@ -14,6 +14,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
+from inference_wrapper.engine.params import MIN_SAMPLING_TEMPERATURE
 from inference_wrapper.server.problems import Problem, invalid
 
 # Nesting deeper than this is refused before parsing: the parser recurses per level.
@@ -23,6 +24,9 @@ MAX_JSON_DEPTH = 32
 MAX_NUMBER_CHARS = 64
 # Query integers: JSON-safe (records are RFC 8785 JSON) and within SQL's 64-bit integers.
 MAX_QUERY_INT = 2**53 - 1
+# Sampling below this temperature has no defined distribution (engine.params).
+TEMPERATURE_GAP = (0.0, MIN_SAMPLING_TEMPERATURE)
+TEMPERATURE_GAP_REASON = f"must be 0 (greedy) or at least {MIN_SAMPLING_TEMPERATURE}"
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,9 @@ class Field:
     minimum: float | None = None
     maximum: float | None = None
     exclusive_minimum: float | None = None
+    # (low, high): numbers strictly between them are refused (0 < temperature < 0.01)
+    gap: tuple[float, float] | None = None
+    gap_reason: str = ""
     min_length: int | None = None
     max_length: int | None = None
     # JSON Schema of an array's items, of an object field itself (documented; the route
@@ -209,6 +216,9 @@ def _check_bounds(name: str, field: Field, value: Any) -> None:
         if (low is not None and value < low) or (high is not None and value > high):
             raise invalid(name, f"must be between {_show(low)} and {_show(high)}, "
                           f"got {value}")
+        if field.gap is not None and field.gap[0] < value < field.gap[1]:
+            raise invalid(name, field.gap_reason or f"must not lie between "
+                          f"{field.gap[0]:g} and {field.gap[1]:g}, got {value}")
     if isinstance(value, str) and field.kind == "string-or-array":
         return  # the bounds count the array's items; a lone string is checked as an item
     if isinstance(value, (str, list)):
@@ -287,6 +297,9 @@ def field_schema(field: Field) -> dict[str, Any]:
             prop["maximum"] = field.maximum
         if field.exclusive_minimum is not None:
             prop["exclusiveMinimum"] = field.exclusive_minimum
+        if field.gap is not None:  # typed, so that a null still passes a nullable field
+            prop["not"] = {"type": "number", "exclusiveMinimum": field.gap[0],
+                           "exclusiveMaximum": field.gap[1]}
         length = ("minLength", "maxLength") if field.kind == "string" else ("minItems",
                                                                             "maxItems")
         if field.min_length is not None:

@@ -9,6 +9,7 @@ the Protocols and the values they hand out: it imports no database library.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Any, Protocol
 
 from ledger import merkle
 from ledger.checkpoint import NoteSigner
-from ledger.errors import LedgerError
+from ledger.errors import InvalidInputError, LedgerError
 from ledger.leaves.body_codec import unpack_body
 from ledger.leaves.envelope import Leaf
 from ledger.record import AuditRecord
@@ -90,6 +91,44 @@ def parse_timestamp(text: str) -> datetime:
     if moment.tzinfo is not None:
         moment = moment.astimezone(UTC).replace(tzinfo=None)
     return moment
+
+
+class TreeProofs(ABC):
+    """Root, leaf hash and proofs from a driver's ``tree_head`` and ``read_nodes``: the same
+    for every driver, so written once here."""
+
+    @abstractmethod
+    def tree_head(self) -> tuple[int, bytes]: ...
+
+    @abstractmethod
+    def read_nodes(self, keys: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]: ...
+
+    def root(self, size: int) -> bytes:
+        self._check_size(size)
+        return merkle.tree_root(size, self.read_nodes)
+
+    def leaf_hash(self, index: int) -> bytes:
+        found = self.read_nodes([(0, index)])
+        if (0, index) not in found:
+            raise InvalidInputError("leaf_index", f"no leaf {index} in the log")
+        return found[(0, index)]
+
+    def inclusion_proof(self, index: int, size: int) -> list[bytes]:
+        self._check_size(size)
+        if not 0 <= index < size:
+            raise InvalidInputError("leaf_index", f"{index} is not below tree size {size}")
+        return merkle.inclusion_proof(index, size, self.read_nodes)
+
+    def consistency_proof(self, size1: int, size2: int) -> list[bytes]:
+        self._check_size(size2)
+        if not 0 <= size1 <= size2:
+            raise InvalidInputError("from", f"{size1} must be between 0 and {size2}")
+        return merkle.consistency_proof(size1, size2, self.read_nodes)
+
+    def _check_size(self, size: int) -> None:
+        current, _ = self.tree_head()
+        if not 0 <= size <= current:
+            raise InvalidInputError("tree_size", f"{size} is beyond the log's size {current}")
 
 
 class Appender(Protocol):

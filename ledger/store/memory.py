@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ledger import merkle
 from ledger.checkpoint import Checkpoint, NoteSigner
-from ledger.errors import BackendUnavailableError, DuplicateRecordError, InvalidInputError
+from ledger.errors import BackendUnavailableError, DuplicateRecordError
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.environment import ENVIRONMENT_COLUMNS
 from ledger.leaves.mirror import environment_row
@@ -28,6 +28,7 @@ from ledger.store.log_api import (
     Receipt,
     RecordRow,
     StoredCheckpoint,
+    TreeProofs,
     parse_timestamp,
 )
 from ledger.store.rows import row_columns
@@ -37,7 +38,7 @@ _OWN = frozenset({"leaf_index", "record_id", "created_at", "tenant", "canonical"
                   "environment_index"})
 
 
-class MemoryLog:
+class MemoryLog(TreeProofs):
     """A log held in memory: appends, tree, checkpoints, identity and leaf rows."""
 
     def __init__(self) -> None:
@@ -124,33 +125,6 @@ class MemoryLog:
     def read_nodes(self, keys: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
         with self._lock:
             return {key: self._nodes[key] for key in keys if key in self._nodes}
-
-    def root(self, size: int) -> bytes:
-        self._check_size(size)
-        return merkle.tree_root(size, self.read_nodes)
-
-    def leaf_hash(self, index: int) -> bytes:
-        found = self.read_nodes([(0, index)])
-        if (0, index) not in found:
-            raise InvalidInputError("leaf_index", f"no leaf {index} in the log")
-        return found[(0, index)]
-
-    def inclusion_proof(self, index: int, size: int) -> list[bytes]:
-        self._check_size(size)
-        if not 0 <= index < size:
-            raise InvalidInputError("leaf_index", f"{index} is not below tree size {size}")
-        return merkle.inclusion_proof(index, size, self.read_nodes)
-
-    def consistency_proof(self, size1: int, size2: int) -> list[bytes]:
-        self._check_size(size2)
-        if not 0 <= size1 <= size2:
-            raise InvalidInputError("from", f"{size1} must be between 0 and {size2}")
-        return merkle.consistency_proof(size1, size2, self.read_nodes)
-
-    def _check_size(self, size: int) -> None:
-        current, _ = self.tree_head()
-        if not 0 <= size <= current:
-            raise InvalidInputError("tree_size", f"{size} is beyond the log's size {current}")
 
     # --- LogReader: checkpoints, CheckpointSealer -------------------------------------
 

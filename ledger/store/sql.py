@@ -60,6 +60,7 @@ from ledger.store.log_api import (
     Receipt,
     RecordRow,
     StoredCheckpoint,
+    TreeProofs,
     parse_timestamp,
 )
 from ledger.store.mirror import SqlMirror
@@ -250,7 +251,7 @@ def _claim(future: Future[Receipt]) -> bool:
         return False
 
 
-class SqlLedger:
+class SqlLedger(TreeProofs):
     """Journal, tree, checkpoints and mirror in one SQL database."""
 
     def __init__(self, url: str, *, sqlite_synchronous: str = "FULL",
@@ -634,33 +635,6 @@ class SqlLedger:
     def read_nodes(self, keys: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
         with self.engine.connect() as conn:
             return _read_nodes(conn, keys)
-
-    def root(self, size: int) -> bytes:
-        self._check_size(size)
-        return merkle.tree_root(size, self.read_nodes)
-
-    def leaf_hash(self, index: int) -> bytes:
-        found = self.read_nodes([(0, index)])
-        if (0, index) not in found:
-            raise InvalidInputError("leaf_index", f"no leaf {index} in the log")
-        return found[(0, index)]
-
-    def inclusion_proof(self, index: int, size: int) -> list[bytes]:
-        self._check_size(size)
-        if not 0 <= index < size:
-            raise InvalidInputError("leaf_index", f"{index} is not below tree size {size}")
-        return merkle.inclusion_proof(index, size, self.read_nodes)
-
-    def consistency_proof(self, size1: int, size2: int) -> list[bytes]:
-        self._check_size(size2)
-        if not 0 <= size1 <= size2:
-            raise InvalidInputError("from", f"{size1} must be between 0 and {size2}")
-        return merkle.consistency_proof(size1, size2, self.read_nodes)
-
-    def _check_size(self, size: int) -> None:
-        current, _ = self.tree_head()
-        if not 0 <= size <= current:
-            raise InvalidInputError("tree_size", f"{size} is beyond the log's size {current}")
 
     # --- checkpoints ----------------------------------------------------------------
 

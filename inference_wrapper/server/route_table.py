@@ -286,9 +286,10 @@ def openapi_document(limits: Limits | None = None, model: str | None = None
         if "{record_id}" in route.path:
             params.append({"name": "record_id", "in": "path", "required": True,
                            "schema": {"type": "string", "minLength": 1}})
-        if "{tile_path}" in route.path:
-            params.append({"name": "tile_path", "in": "path", "required": True,
-                           "schema": {"type": "string", "minLength": 1}})
+        for name in ("tile_path", "body_path"):
+            if f"{{{name}}}" in route.path:
+                params.append({"name": name, "in": "path", "required": True,
+                               "schema": {"type": "string", "minLength": 1}})
         if params:
             operation["parameters"] = params
         if route.body is not None:

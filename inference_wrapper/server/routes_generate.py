@@ -21,7 +21,12 @@ from inference_wrapper.server.generate_service import (
     usage_json,
 )
 from inference_wrapper.server.idempotency import Rendered
-from inference_wrapper.server.validation import TEMPERATURE_GAP, TEMPERATURE_GAP_REASON, Field
+from inference_wrapper.server.validation import (
+    NOT_ONLY_WHITESPACE,
+    TEMPERATURE_GAP,
+    TEMPERATURE_GAP_REASON,
+    Field,
+)
 
 TRUNCATE_FIELD = Field("string", nullable=True, only=("left",),
                   description="absent or null: a prompt longer than the tokenization "
@@ -37,6 +42,7 @@ SEED_FIELD = Field("integer", nullable=True, minimum=0, maximum=MAX_SEED,
 def generate_fields(limits: Limits) -> dict[str, Field]:
     return {
         "prompt": Field("string", required=True, min_length=1,
+                        pattern=NOT_ONLY_WHITESPACE, pattern_reason="must not be empty",
                         max_length=limits.max_prompt_bytes,
                         description=f"the prompt text, at most {limits.max_prompt_bytes} "
                         "UTF-8 bytes"),

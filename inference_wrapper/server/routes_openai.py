@@ -34,7 +34,12 @@ from inference_wrapper.server.generate_service import (
 from inference_wrapper.server.idempotency import Rendered
 from inference_wrapper.server.problems import Problem, invalid
 from inference_wrapper.server.routes_generate import SEED_FIELD, TRUNCATE_FIELD
-from inference_wrapper.server.validation import TEMPERATURE_GAP, TEMPERATURE_GAP_REASON, Field
+from inference_wrapper.server.validation import (
+    NOT_ONLY_WHITESPACE,
+    TEMPERATURE_GAP,
+    TEMPERATURE_GAP_REASON,
+    Field,
+)
 
 MAX_USER_CHARS = 256
 # Penalties: this server's sampler applies none, so only their no-op value is accepted
@@ -92,6 +97,7 @@ def _openai_common(limits: Limits) -> dict[str, Field]:
 @functools.lru_cache(maxsize=8)
 def completion_fields(limits: Limits) -> dict[str, Field]:
     return {"prompt": Field("string", required=True, min_length=1,
+                        pattern=NOT_ONLY_WHITESPACE, pattern_reason="must not be empty",
                             max_length=limits.max_prompt_bytes),
             **_openai_common(limits)}
 

@@ -26,6 +26,9 @@ MAX_NUMBER_CHARS = 64
 MAX_QUERY_INT = 2**53 - 1
 # Sampling below this temperature has no defined distribution (engine.params).
 TEMPERATURE_GAP = (0.0, MIN_SAMPLING_TEMPERATURE)
+# A prompt holds at least one character that str.strip() keeps (its whitespace, listed).
+NOT_ONLY_WHITESPACE = ("[^\\t-\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029"
+                       "\\u202f\\u205f\\u3000]")
 TEMPERATURE_GAP_REASON = f"must be 0 (greedy) or at least {MIN_SAMPLING_TEMPERATURE}"
 
 
@@ -51,6 +54,8 @@ class Field:
     gap_reason: str = ""
     min_length: int | None = None
     max_length: int | None = None
+    pattern: str | None = None  # a string must contain a match (JSON Schema's pattern)
+    pattern_reason: str = ""
     # JSON Schema of an array's items, of an object field itself (documented; the route
     # checks the members)
     items: dict[str, Any] | None = None
@@ -228,6 +233,9 @@ def _check_bounds(name: str, field: Field, value: Any) -> None:
                           f"must have at least {field.min_length} {unit}")
         if field.max_length is not None and size > field.max_length:
             raise invalid(name, f"has {size} {unit}, at most {field.max_length} allowed")
+    if isinstance(value, str) and field.pattern is not None \
+            and not re.search(field.pattern, value):
+        raise invalid(name, field.pattern_reason or f"must match {field.pattern}")
 
 
 def _show(bound: float | None) -> str:
@@ -306,6 +314,8 @@ def field_schema(field: Field) -> dict[str, Any]:
             prop[length[0]] = field.min_length
         if field.max_length is not None:
             prop[length[1]] = field.max_length
+        if field.pattern is not None:
+            prop["pattern"] = field.pattern
     if field.description:
         prop["description"] = field.description
     if field.only is not None:

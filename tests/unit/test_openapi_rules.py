@@ -46,3 +46,20 @@ def test_stream_options_only_with_a_stream() -> None:
     assert not _valid(schema, {**base, **options})
     assert not _valid(schema, {**base, **options, "stream": False})
     assert _valid(schema, {**base, "stream_options": None})
+
+
+@pytest.mark.parametrize(("prompt", "valid"), [
+    ("a", True), (" a ", True), ("\u200b", True), ("", False), ("\u00a0", False),
+    ("\x1c", False), (" \t\n\u3000", False)])
+def test_a_prompt_of_only_whitespace_is_refused_by_the_document(prompt: str, valid: bool) -> None:
+    """The handlers refuse a prompt that str.strip() empties (422 'must not be empty')."""
+    assert _valid(_body_schema("/v1/generate"), {"prompt": prompt}) is valid
+    assert _valid(_body_schema("/v1/completions"), {"model": "m", "prompt": prompt}) is valid
+
+
+def test_every_path_parameter_is_defined() -> None:
+    for path, methods in openapi_document()["paths"].items():
+        named = {p["name"] for op in methods.values() for p in op.get("parameters", [])
+                 if p["in"] == "path"}
+        wanted = {part[1:-1] for part in path.split("/") if part.startswith("{")}
+        assert wanted <= named, path

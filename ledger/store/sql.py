@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -79,6 +81,13 @@ LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE for a lock_timeout
 # Rows per multi-row INSERT on PostgreSQL: well under its 65,535 parameters a statement.
 PG_NODE_ROWS_PER_STATEMENT = 8192
 PG_RECORD_ROWS_PER_STATEMENT = 2048
+ENVIRONMENT_COLUMNS = tuple(column.name for column in environments.columns)
+
+# Inside a writer transaction: run one statement and return its rows; insert a group's
+# tree nodes, mirror rows and environment rows.
+_Run = Callable[[str, Sequence[Any]], Sequence[Sequence[Any]]]
+_Insert = Callable[[list[tuple[int, int, bytes]], list[tuple[Any, ...]],
+                    list[dict[str, Any]]], None]
 
 
 @dataclass(frozen=True)
@@ -290,6 +299,10 @@ class SqlLedger(TreeProofs):
             f"INSERT INTO records ({', '.join(RECORD_INSERT_COLUMNS)}) "
             f"VALUES ({', '.join([mark] * len(RECORD_INSERT_COLUMNS))})"
         )
+        self._environment_insert_sql = (
+            f"INSERT INTO environments ({', '.join(ENVIRONMENT_COLUMNS)}) "
+            f"VALUES ({', '.join([mark] * len(ENVIRONMENT_COLUMNS))})"
+        )
         self._node_insert_head = "INSERT INTO tree_nodes (level, idx, hash) VALUES "
         self._record_insert_head = (
             f"INSERT INTO records ({', '.join(RECORD_INSERT_COLUMNS)}) VALUES ")
@@ -470,7 +483,7 @@ class SqlLedger(TreeProofs):
                 # repeated id, and then the group is written again with the lookup
                 # (a retried append answers with its first receipt).
                 outcomes = list(self._write(group, look_up_ids=False))
-            except IntegrityError:
+            except (IntegrityError, sqlite3.IntegrityError):
                 self._compact = None  # the failed attempt advanced our in-memory tree
                 outcomes = list(self._write(group, look_up_ids=True))
         except Exception as exc:  # every waiter must hear about the failure
@@ -478,7 +491,7 @@ class SqlLedger(TreeProofs):
             error: Exception
             if isinstance(exc, BackendError):
                 error = exc
-            elif isinstance(exc, OperationalError):
+            elif isinstance(exc, OperationalError | sqlite3.OperationalError):
                 error = BackendUnavailableError(f"ledger database unavailable: {exc}")
             else:
                 error = BackendError(f"append failed: {exc}")
@@ -504,102 +517,134 @@ class SqlLedger(TreeProofs):
                 log.warning("dropped %d answers for a closed event loop", len(items))
 
     def _write(self, group: list[_Pending], look_up_ids: bool) -> list[Receipt | Exception]:
-        # Plain SQL throughout: building these statements with SQLAlchemy's expression
-        # language cost more CPU per group than running them.
-        mark = self._mark
-        with self._writer_engine.begin() as conn:
-            size = conn.exec_driver_sql(self._sequencer_sql).scalar_one()
-            compact = self._compact
-            if compact is None or compact.size != size:
-                # Another process appended, or we just started: reload O(log n) nodes.
-                compact = merkle.CompactRange.load(size, lambda keys: _read_nodes(conn, keys))
-                if self.max_created_lag is not None:
-                    newest = conn.exec_driver_sql("SELECT max(created_at) FROM records").scalar()
-                    self._newest = (parse_timestamp(newest) if isinstance(newest, str)
-                                    else newest)
+        """Write a group in one transaction; its outcomes once that has committed.
 
-            ids = list({p.record.record_id for p in group}) if look_up_ids else []
-            existing = {
-                row.record_id: row
-                for start in range(0, len(ids), 500)  # bound the number of parameters
-                for row in conn.exec_driver_sql(
-                    "SELECT record_id, leaf_index, canonical FROM records WHERE record_id IN "
-                    f"({', '.join([mark] * len(ids[start:start + 500]))})",
-                    tuple(ids[start:start + 500]))
-            }
-            results: list[Receipt | Exception] = []
-            assigned: dict[str, Receipt] = {}
-            record_rows: list[tuple[Any, ...]] = []
-            environment_rows: list[dict[str, Any]] = []
-            node_rows: list[tuple[int, int, bytes]] = []
-            created_at: dict[str, Any] = {}
-            for pending in group:
-                record = pending.record
-                earlier = existing.get(record.record_id)
-                if earlier is not None:
-                    results.append(_idempotent_receipt(record, earlier.leaf_index,
-                                                       earlier.canonical))
-                    continue
-                if record.record_id in assigned:
-                    first = assigned[record.record_id]
-                    results.append(first if first.leaf_hash == record.leaf_hash else
-                                   DuplicateRecordError(f"record id {record.record_id} is "
-                                                        "already used by another record"))
-                    continue
-                index = compact.size
-                node_rows.extend((level, idx, node_hash) for (level, idx), node_hash
-                                 in compact.append(record.leaf_hash))
-                columns = row_columns(record)
-                stamp = columns["created_at"]
-                if self.max_created_lag is not None:
-                    moment = parse_timestamp(stamp)
-                    if self._newest is not None and moment < self._newest - self.max_created_lag:
-                        results.append(InvalidInputError(
-                            "created_at", f"{stamp} is more than {self.max_created_lag} before "
-                            "the newest leaf's time (the lag rule keeps windows provable)"))
-                        continue
-                    self._newest = max(moment, self._newest or moment)
-                if stamp not in created_at:  # a batch's records share one timestamp
-                    created = parse_timestamp(stamp)
-                    # SQLite keeps DATETIME as text in SQLAlchemy's own format.
-                    created_at[stamp] = created if self.is_postgres else _sqlite_datetime(created)
-                columns["created_at"] = created_at[stamp]
-                columns["leaf_index"] = index
-                record_rows.append(tuple(columns[c] for c in RECORD_INSERT_COLUMNS))
-                if isinstance(record, Leaf):
-                    environment = environment_row(record)
-                    if environment is not None:
-                        environment_rows.append({"leaf_index": index, **environment})
-                receipt = Receipt(record.record_id, index, record.leaf_hash)
-                assigned[record.record_id] = receipt
-                results.append(receipt)
-            if record_rows:
-                self._insert_rows(conn, node_rows, record_rows)
-                if environment_rows:  # rare: an engine started or changed
-                    conn.execute(environments.insert().values(environment_rows))  # one request
-                conn.exec_driver_sql(
-                    f"UPDATE tree_state SET size = {mark}, root = {mark} WHERE id = 1",
-                    (compact.size, compact.root()))
+        Plain SQL throughout: building these statements with SQLAlchemy's expression
+        language cost more CPU per group than running them. On SQLite they go straight
+        to the sqlite3 connection under the pooled one (decision 0051): SQLAlchemy's own
+        work per statement cost many times SQLite's. PostgreSQL keeps SQLAlchemy's
+        connection and its bulk insert rules (``_insert_rows``).
+        """
+        if self.is_postgres:
+            with self._writer_engine.begin() as conn:
+                def run(sql: str, params: Sequence[Any]) -> Sequence[Sequence[Any]]:
+                    result = conn.exec_driver_sql(sql, tuple(params)) if params \
+                        else conn.exec_driver_sql(sql)
+                    return result.all() if result.returns_rows else []
+
+                def insert(node_rows: list[tuple[int, int, bytes]],
+                           record_rows: list[tuple[Any, ...]],
+                           environment_rows: list[dict[str, Any]]) -> None:
+                    self._insert_rows(conn, node_rows, record_rows)
+                    if environment_rows:  # rare: an engine started or changed
+                        conn.execute(environments.insert().values(environment_rows))
+
+                results, compact = self._write_in(run, insert, group, look_up_ids)
+        else:
+            with _sqlite_write_transaction(self._writer_engine) as raw:
+                def run(sql: str, params: Sequence[Any]) -> Sequence[Sequence[Any]]:
+                    return raw.execute(sql, params).fetchall()
+
+                def insert(node_rows: list[tuple[int, int, bytes]],
+                           record_rows: list[tuple[Any, ...]],
+                           environment_rows: list[dict[str, Any]]) -> None:
+                    raw.executemany(self._node_insert_sql, node_rows)
+                    raw.executemany(self._record_insert_sql, record_rows)
+                    raw.executemany(self._environment_insert_sql,
+                                    [tuple(row.get(c) for c in ENVIRONMENT_COLUMNS)
+                                     for row in environment_rows])
+
+                results, compact = self._write_in(run, insert, group, look_up_ids)
         self._compact = compact
         self.groups_committed += 1
         return results
 
+    def _write_in(self, run: _Run, insert: _Insert, group: list[_Pending], look_up_ids: bool
+                  ) -> tuple[list[Receipt | Exception], merkle.CompactRange]:
+        """The statements of one group, inside its transaction (``run`` one statement and
+        return its rows; ``insert`` the group's rows)."""
+        mark = self._mark
+        size = run(self._sequencer_sql, ())[0][0]
+        compact = self._compact
+        if compact is None or compact.size != size:
+            # Another process appended, or we just started: reload O(log n) nodes.
+            compact = merkle.CompactRange.load(size, lambda keys: _nodes_by_key(run, mark, keys))
+            if self.max_created_lag is not None:
+                newest = run("SELECT max(created_at) FROM records", ())[0][0]
+                self._newest = (parse_timestamp(newest) if isinstance(newest, str)
+                                else newest)
+
+        ids = list({p.record.record_id for p in group}) if look_up_ids else []
+        existing = {
+            row[0]: row  # (record_id, leaf_index, canonical)
+            for start in range(0, len(ids), 500)  # bound the number of parameters
+            for row in run(
+                "SELECT record_id, leaf_index, canonical FROM records WHERE record_id IN "
+                f"({', '.join([mark] * len(ids[start:start + 500]))})",
+                ids[start:start + 500])
+        }
+        results: list[Receipt | Exception] = []
+        assigned: dict[str, Receipt] = {}
+        record_rows: list[tuple[Any, ...]] = []
+        environment_rows: list[dict[str, Any]] = []
+        node_rows: list[tuple[int, int, bytes]] = []
+        created_at: dict[str, Any] = {}
+        for pending in group:
+            record = pending.record
+            earlier = existing.get(record.record_id)
+            if earlier is not None:
+                results.append(_idempotent_receipt(record, earlier[1], earlier[2]))
+                continue
+            if record.record_id in assigned:
+                first = assigned[record.record_id]
+                results.append(first if first.leaf_hash == record.leaf_hash else
+                               DuplicateRecordError(f"record id {record.record_id} is "
+                                                    "already used by another record"))
+                continue
+            index = compact.size
+            node_rows.extend((level, idx, node_hash) for (level, idx), node_hash
+                             in compact.append(record.leaf_hash))
+            columns = row_columns(record)
+            stamp = columns["created_at"]
+            if self.max_created_lag is not None:
+                moment = parse_timestamp(stamp)
+                if self._newest is not None and moment < self._newest - self.max_created_lag:
+                    results.append(InvalidInputError(
+                        "created_at", f"{stamp} is more than {self.max_created_lag} before "
+                        "the newest leaf's time (the lag rule keeps windows provable)"))
+                    continue
+                self._newest = max(moment, self._newest or moment)
+            if stamp not in created_at:  # a batch's records share one timestamp
+                created = parse_timestamp(stamp)
+                # SQLite keeps DATETIME as text in SQLAlchemy's own format.
+                created_at[stamp] = created if self.is_postgres else _sqlite_datetime(created)
+            columns["created_at"] = created_at[stamp]
+            columns["leaf_index"] = index
+            record_rows.append(tuple(columns[c] for c in RECORD_INSERT_COLUMNS))
+            if isinstance(record, Leaf):
+                environment = environment_row(record)
+                if environment is not None:
+                    environment_rows.append({"leaf_index": index, **environment})
+            receipt = Receipt(record.record_id, index, record.leaf_hash)
+            assigned[record.record_id] = receipt
+            results.append(receipt)
+        if record_rows:
+            insert(node_rows, record_rows, environment_rows)
+            run(f"UPDATE tree_state SET size = {mark}, root = {mark} WHERE id = 1",
+                (compact.size, compact.root()))
+        return results, compact
+
     def _insert_rows(self, conn: Connection, node_rows: list[tuple[int, int, bytes]],
                      record_rows: list[tuple[Any, ...]]) -> None:
-        """Insert a group's tree nodes and mirror rows.
+        """Insert a group's tree nodes and mirror rows on PostgreSQL.
 
-        On PostgreSQL each chunk is one multi-row ``INSERT`` sent as one complete request
-        (ending with ``Sync``), never ``executemany``: psycopg pipelines that and ends it
-        with ``Sync`` then ``Flush``, and the server arms the idle-in-transaction timeout
-        only when it reads a message while ready for a query. The trailing ``Flush`` is
-        read first and disarms it, so a writer frozen right after its bulk insert kept
-        the sequencer row until fenced (decision 0028). SQLite has no such timer; its
-        plain ``executemany`` stays (SQLAlchemy's per-row processing costs more).
+        Each chunk is one multi-row ``INSERT`` sent as one complete request (ending with
+        ``Sync``), never ``executemany``: psycopg pipelines that and ends it with ``Sync``
+        then ``Flush``, and the server arms the idle-in-transaction timeout only when it
+        reads a message while ready for a query. The trailing ``Flush`` is read first and
+        disarms it, so a writer frozen right after its bulk insert kept the sequencer row
+        until fenced (decision 0028). SQLite has no such timer (see ``_write``).
         """
-        if not self.is_postgres:
-            conn.exec_driver_sql(self._node_insert_sql, node_rows)
-            conn.exec_driver_sql(self._record_insert_sql, record_rows)
-            return
         for sql, rows, per_statement in (
             (self._node_insert_head, node_rows, PG_NODE_ROWS_PER_STATEMENT),
             (self._record_insert_head, record_rows, PG_RECORD_ROWS_PER_STATEMENT),
@@ -736,7 +781,35 @@ def _idempotent_receipt(record: LogLeaf, index: int, canonical: bytes) -> Receip
     return Receipt(record.record_id, int(index), record.leaf_hash)
 
 
+@contextmanager
+def _sqlite_write_transaction(engine: Engine) -> Iterator[sqlite3.Connection]:
+    """A write transaction (``BEGIN IMMEDIATE``: SQLite's sequencer) on the sqlite3
+    connection of a connection checked out of ``engine``'s pool, so the file guard and
+    the pragmas still apply; committed when the block ends, rolled back if it raises."""
+    pooled = engine.raw_connection()
+    try:
+        raw = pooled.driver_connection
+        assert isinstance(raw, sqlite3.Connection)
+        raw.execute("BEGIN IMMEDIATE")
+        try:
+            yield raw
+            raw.commit()
+        except BaseException:
+            if raw.in_transaction:
+                raw.rollback()
+            raise
+    finally:
+        pooled.close()  # back to the pool (which rolls back anything left open)
+
+
 def _read_nodes(conn: Connection, keys: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
+    mark = "%s" if conn.dialect.name == "postgresql" else "?"
+    return _nodes_by_key(lambda sql, params: conn.exec_driver_sql(sql, tuple(params)).all(),
+                         mark, keys)
+
+
+def _nodes_by_key(run: _Run, mark: str, keys: Sequence[merkle.Node]
+                  ) -> dict[merkle.Node, bytes]:
     """Fetch perfect-subtree hashes by (level, index) in one statement per 64 levels.
 
     Written as "(level = L AND idx IN (...)) OR ...", which SQLite and PostgreSQL both
@@ -745,7 +818,6 @@ def _read_nodes(conn: Connection, keys: Sequence[merkle.Node]) -> dict[merkle.No
     """
     if not keys:
         return {}
-    mark = "%s" if conn.dialect.name == "postgresql" else "?"
     by_level: dict[int, list[int]] = {}
     for level, idx in keys:
         by_level.setdefault(level, []).append(idx)
@@ -758,7 +830,7 @@ def _read_nodes(conn: Connection, keys: Sequence[merkle.Node]) -> dict[merkle.No
             clauses.append(f"(level = {mark} AND idx IN ({', '.join([mark] * len(unique))}))")
             params.extend([level, *unique])
         sql = "SELECT level, idx, hash FROM tree_nodes WHERE " + " OR ".join(clauses)
-        for level, idx, node_hash in conn.exec_driver_sql(sql, tuple(params)):
+        for level, idx, node_hash in run(sql, params):
             found[(int(level), int(idx))] = bytes(node_hash)
     return found
 

@@ -21,6 +21,7 @@ from ledger import merkle
 from ledger.canonical import parse_strict
 from ledger.checkpoint import Checkpoint
 from ledger.errors import LedgerError
+from ledger.leaves.batch_layouts import BatchLayouts
 from ledger.leaves.envelope import Leaf, is_envelope
 from ledger.leaves.environment import ENVIRONMENT_KIND, environment_columns
 from ledger.leaves.kinds import open_leaf
@@ -109,14 +110,15 @@ def open_record(canonical: bytes, *, strict: bool = False) -> AuditRecord:
     return AuditRecord(body, canonical, b"")  # the leaf hash is not needed here
 
 
-def open_row(canonical: bytes, body: bytes | None, origin: str, *, strict: bool = False
-             ) -> AuditRecord | Leaf:
+def open_row(canonical: bytes, body: bytes | None, origin: str, *, strict: bool = False,
+             layouts: BatchLayouts | None = None) -> AuditRecord | Leaf:
     """A row's leaf: a v1 record (``open_record``), or a v2 envelope opened with its body
-    (decision 0026)."""
+    (decision 0026). ``layouts``: a scan's, to open most v2 records by their batch's
+    layout (``open_leaf``)."""
     if is_envelope(canonical):
         if body is None:
             raise LedgerError("the leaf is a v2 envelope and the row holds no body")
-        return open_leaf(canonical, body, origin, strict=strict)
+        return open_leaf(canonical, body, origin, strict=strict, layouts=layouts)
     if body is not None:
         raise LedgerError("a v1 record's row holds a body")
     return open_record(canonical, strict=strict)
@@ -170,11 +172,11 @@ def compare_columns(leaf_index: int, record_id: str, record: AuditRecord | Leaf,
 
 def _check_row(row: MirrorRow, report: AuditReport, origin: str,
                environments: Mapping[int, Mapping[str, Any]] | None,
-               environment_leaves: dict[int, Leaf]) -> datetime | None:
+               environment_leaves: dict[int, Leaf], layouts: BatchLayouts) -> datetime | None:
     """Compare the row's columns with its bytes; returns the record's own time."""
     stored = dict(row.columns or {}, record_id=row.record_id, created_at=row.created_at)
     try:
-        record = open_row(row.canonical, row.body, origin)
+        record = open_row(row.canonical, row.body, origin, layouts=layouts)
     except LedgerError as exc:
         report.findings.append(AuditFinding(
             RECORD_UNPARSEABLE, f"leaf {row.leaf_index} (record {row.record_id}): stored "
@@ -253,6 +255,7 @@ def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: dateti
     not checked)."""
     report = AuditReport(checkpoint.size)
     environment_leaves: dict[int, Leaf] = {}
+    layouts = BatchLayouts()
     compact = merkle.CompactRange()
     expected = 0
     for row in rows:
@@ -265,7 +268,8 @@ def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: dateti
         report.rows_checked += 1
         # Columns are checked on every row, covered or not: they must say what the
         # bytes say whether or not a checkpoint vouches for the bytes yet.
-        moment = _check_row(row, report, checkpoint.origin, environments, environment_leaves)
+        moment = _check_row(row, report, checkpoint.origin, environments, environment_leaves,
+                            layouts)
         if row.leaf_index >= checkpoint.size:
             if since <= row.created_at < until:
                 report.uncovered += 1

@@ -12,6 +12,7 @@ Pure: rows come in as values; fetching them is the caller's business.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -82,6 +83,7 @@ class AuditReport:
         return not self.findings
 
 
+@functools.lru_cache(maxsize=1024)  # a batch's records share their time
 def naive_utc(text: str) -> datetime:
     """RFC 3339 text as the mirror stores it: a naive UTC datetime."""
     moment = datetime.fromisoformat(text)
@@ -150,7 +152,6 @@ def column_findings(leaf_index: int, record_id: str, canonical: bytes,
 def compare_columns(leaf_index: int, record_id: str, record: AuditRecord | Leaf,
                     stored: Mapping[str, Any], *, all_columns: bool = True
                     ) -> list[AuditFinding]:
-    where = f"leaf {leaf_index} (record {record_id})"
     findings = []
     for name, said in expected_columns(record).items():
         if not all_columns and name not in stored:
@@ -164,8 +165,8 @@ def compare_columns(leaf_index: int, record_id: str, record: AuditRecord | Leaf,
                 expected = said  # an unparseable time can equal no stored datetime
         if value != expected:
             findings.append(AuditFinding(
-                COLUMN_MISMATCH,
-                f"{where}: column {name} is {_show(value)!r}, the record says {said!r}",
+                COLUMN_MISMATCH, f"leaf {leaf_index} (record {record_id}): column {name} "
+                f"is {_show(value)!r}, the record says {said!r}",
                 leaf_index, record_id, name, _show(value), _show(said)))
     return findings
 

@@ -182,3 +182,18 @@ def test_an_envelope_naming_a_tag_inside_another_member_is_refused_not_filed_und
     keep = leaf_filter({"tenant": "acme"}, ORIGIN)
     with pytest.raises(CanonicalFormError, match="an envelope has exactly"):
         keep(1, crafted)
+
+
+def test_a_window_bundle_body_that_is_not_its_canonical_bytes_is_refused() -> None:
+    # Decision 0050: a window bundle's body, like verify's, must be the very bytes its
+    # envelope commits to; one meaning with a space added is another body.
+    from ledger.errors import MalformedProofError
+    from ledger.window_bundle import check_body
+
+    honest = _record(_environment(), 0)
+    spaced = honest.body.replace(b'"tenant":"acme"', b'"tenant": "acme"')
+    envelope = envelope_bytes(RECORD_KIND, honest.created_at, honest_tag(), spaced)
+    check_body(1, honest.envelope, honest.body, ORIGIN)
+    with pytest.raises(MalformedProofError, match="the body of leaf 1 in the window bundle "
+                       "does not match its envelope: body: must be the canonical bytes"):
+        check_body(1, envelope, spaced, ORIGIN)

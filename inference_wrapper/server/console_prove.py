@@ -17,15 +17,9 @@ from html import escape
 from aiohttp import web
 
 from inference_wrapper.server.appkeys import LEDGER, SETTINGS, SIGNER
-from inference_wrapper.server.console import (
-    BadField,
-    _to_login,
-    current_session,
-    page,
-    parse_search,
-    search_error,
-)
+from inference_wrapper.server.console import _to_login, current_session, page, search_error
 from inference_wrapper.server.console_pages import shown
+from inference_wrapper.server.console_search import BadField, parse_search
 from ledger.checkpoint import NoteVerifier
 from ledger.client.proved_window import prove_window_from
 from ledger.errors import InvalidInputError, VerificationError

@@ -7,11 +7,11 @@ import urllib.parse
 from collections.abc import Callable
 from datetime import datetime
 
-from ledger.anchor.store import SqlAnchorStore
 from ledger.bundle import Bundle, BundleEntry
 from ledger.checkpoint import Checkpoint
 from ledger.client.sources import ServerSource
 from ledger.errors import BackendError
+from ledger.store.anchors import SqlAnchorStore
 from ledger.store.sql import SqlLedger
 from ledger.verify import LeafEvidence
 from ledger.witness.cosignatures import cosigned_note

@@ -1,7 +1,8 @@
 """The in-memory twin of the SQL drivers (decision 0042).
 
 ``MemoryLog`` plays every role the SQL ledger plays (``Appender``, ``LogReader``,
-``CheckpointSealer``, ``IdentityStore``) over plain Python structures under one lock, for
+``CheckpointSealer``, ``IdentityStore``, and ``EvidenceLog`` with its anchors and
+cosignatures) over plain Python structures under one lock, for
 tests of the floors above and for the shared contract test that holds all drivers to the
 same behaviour. "Durable" here means held by this object: an append's answer comes only
 after its leaf, its tree nodes and its row are all in place, never before.
@@ -22,6 +23,8 @@ from ledger.errors import BackendUnavailableError, DuplicateRecordError
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.environment import ENVIRONMENT_COLUMNS
 from ledger.leaves.mirror import environment_row
+from ledger.store.anchors import MemoryAnchorStore
+from ledger.store.cosignatures import MemoryCosignatures
 from ledger.store.log_api import (
     LogLeaf,
     LogMeta,
@@ -51,6 +54,8 @@ class MemoryLog(TreeProofs):
         self._checkpoints: list[StoredCheckpoint] = []  # by size, ascending
         self._meta: LogMeta | None = None
         self._closed = False
+        self.anchors = MemoryAnchorStore(log_size=lambda: self.tree_head()[0])
+        self.cosignatures = MemoryCosignatures()
 
     # --- lifecycle (the SQL ledger's, so either fits a ``with``) -------------------------
 
@@ -153,6 +158,12 @@ class MemoryLog(TreeProofs):
             stored = list(self._checkpoints)
         yield from stored
 
+    def checkpoints_after(self, size: int) -> tuple[int, datetime | None, int]:
+        with self._lock:
+            later = [c for c in self._checkpoints if c.size > size]
+        return (len(later), min((c.sealed_at for c in later), default=None),
+                later[-1].size if later else size)
+
     # --- LogReader: leaves ------------------------------------------------------------
 
     def record_at(self, leaf_index: int) -> RecordRow | None:
@@ -185,11 +196,13 @@ class MemoryLog(TreeProofs):
                 columns[name] = environment.get(name)
         sizes = [c.size for c in self._checkpoints]
         at = bisect.bisect_right(sizes, index)
+        anchored = list(self.anchors.iter_anchors())  # the first one larger covers it
+        covering = bisect.bisect_right([a.size for a in anchored], index)
         return RecordRow(
             leaf_index=index, record_id=stored["record_id"], created_at=stored["created_at"],
             tenant=stored["tenant"], columns=columns, canonical=stored["canonical"],
             checkpoint_size=sizes[at] if at < len(sizes) else None,
-            anchor_ref=None,  # anchors are the anchor store's (``MemoryAnchorStore``)
+            anchor_ref=anchored[covering].ref if covering < len(anchored) else None,
             stored_body=stored["body"], environment_index=stored["environment_index"])
 
     # --- IdentityStore ----------------------------------------------------------------
@@ -208,8 +221,8 @@ class MemoryLog(TreeProofs):
 
 if TYPE_CHECKING:  # mypy holds the twin to every role's Protocol
     from ledger.store.identity import IdentityStore
-    from ledger.store.log_api import Appender, CheckpointSealer, LogReader
+    from ledger.store.log_api import Appender, CheckpointSealer, EvidenceLog
 
-    def _plays_every_role(log: MemoryLog) -> tuple[Appender, LogReader, CheckpointSealer,
+    def _plays_every_role(log: MemoryLog) -> tuple[Appender, EvidenceLog, CheckpointSealer,
                                                     IdentityStore]:
         return log, log, log, log

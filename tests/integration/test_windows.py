@@ -279,7 +279,6 @@ def v2_only(tmp_path_factory: pytest.TempPathFactory, keys: Any) -> tuple[str, P
 
 
 def _publish_mixed(folder: Path, keys: Any, v1: int) -> tuple[str, Path]:
-    from ledger.witness.cosignatures import store_cosignature
     from tests.mixed_log import append_all, mixed_leaves
 
     signer, witness = keys
@@ -290,7 +289,7 @@ def _publish_mixed(folder: Path, keys: Any, v1: int) -> tuple[str, Path]:
         sealed = ledger.seal_checkpoint(signer, ORIGIN)
         assert sealed is not None
         line = witness.cosign(Checkpoint.peek(sealed.note).body(), 1_790_000_000)
-        store_cosignature(ledger.engine, COUNT, witness.name, line, 1_790_000_000)
+        ledger.cosignatures.store(COUNT, witness.name, line, 1_790_000_000)
         from ledger.publish.worker import publish_latest
         publish_latest(ledger, DirectorySink(folder / "tlog"))
     return url, folder / "tlog"

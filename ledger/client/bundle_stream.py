@@ -11,23 +11,13 @@ import base64
 import json
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Protocol
 
 from ledger.bundle import BUNDLE_FORMAT
-from ledger.client.exporter import DEFAULT_EARLIER_SIZES
+from ledger.client.exporter import DEFAULT_EARLIER_SIZES, BundledLog
 from ledger.errors import BackendError
-from ledger.store.log_api import EvidenceLog
-from ledger.store.mirror import MirrorPages
 from ledger.witness.cosignatures import cosigned_note
 
 PAGE = 500
-
-
-class BundledLog(EvidenceLog, Protocol):
-    """The evidence of a log and the mirror pages its records are chosen from."""
-
-    @property
-    def mirror(self) -> MirrorPages: ...
 
 
 def bundle_chunks(ledger: BundledLog, since: datetime | None, until: datetime | None,

@@ -1,8 +1,8 @@
 """The log by role (decisions 0042, 0048): ``Appender`` adds leaves, ``LogReader`` reads
 the tree, its checkpoints and its leaves, ``CheckpointSealer`` signs a new tree head;
 ``AnchorStore`` and ``CosignatureStore`` keep what anchors and witnesses said of it, and
-a log hands them out as ``anchors`` and ``cosignatures`` (``AnchoredLog``,
-``CosignedLog``).
+``TileReads`` reads it as tiles; a log hands them out as ``anchors``, ``cosignatures`` and
+``tiles`` (``AnchoredLog``, ``CosignedLog``, ``TiledLog``).
 
 Callers that only need a role take that Protocol, so the SQL drivers
 (``ledger.store.sql.SqlLedger``, SQLite and PostgreSQL) and the in-memory twin
@@ -25,6 +25,7 @@ from ledger.errors import InvalidInputError, LedgerError
 from ledger.leaves.body_codec import unpack_body
 from ledger.leaves.envelope import Leaf
 from ledger.record import AuditRecord
+from ledger.tiles import TileRef
 
 # What the log appends: a v1 record (its bytes are the leaf) or a v2 leaf (decision 0026).
 LogLeaf = AuditRecord | Leaf
@@ -260,6 +261,24 @@ class CosignatureStore(Protocol):
         """Every stored line, by checkpoint size then witness name."""
 
 
+class TileNotFoundError(LookupError):
+    """The tile is not part of the tree the latest checkpoint signs (or not yet stored)."""
+
+
+class TileReads(Protocol):
+    """The log's stored tree as tiles (``ledger.tiles``): hash tiles and leaves, each
+    ``TileNotFoundError`` when not all of it is stored."""
+
+    def hash_tile(self, ref: TileRef) -> bytes:
+        """The tile's ``ref.width`` hashes, concatenated."""
+
+    def entries(self, start: int, end: int) -> list[bytes]:
+        """The exact bytes of leaves ``start <= index < end``, in index order."""
+
+    def leaves(self, start: int, end: int) -> list[tuple[bytes, bytes | None]]:
+        """Leaves ``start <= index < end`` as (exact bytes, a v2 leaf's body or None)."""
+
+
 class AnchoredLog(LogReader, Protocol):
     """A log reader with the anchors recorded for its checkpoints."""
 
@@ -272,6 +291,13 @@ class CosignedLog(LogReader, Protocol):
 
     @property
     def cosignatures(self) -> CosignatureStore: ...
+
+
+class TiledLog(CosignedLog, Protocol):
+    """A cosigned log that is read (and published) as tiles."""
+
+    @property
+    def tiles(self) -> TileReads: ...
 
 
 class EvidenceLog(AnchoredLog, CosignedLog, Protocol):

@@ -17,9 +17,10 @@ from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ledger import merkle
+from ledger import merkle, tiles
 from ledger.checkpoint import Checkpoint, NoteSigner
 from ledger.errors import BackendUnavailableError, DuplicateRecordError
+from ledger.leaves.body_codec import unpack_body
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.environment import ENVIRONMENT_COLUMNS
 from ledger.leaves.mirror import environment_row
@@ -31,10 +32,12 @@ from ledger.store.log_api import (
     Receipt,
     RecordRow,
     StoredCheckpoint,
+    TileNotFoundError,
     TreeProofs,
     parse_timestamp,
 )
 from ledger.store.rows import row_columns
+from ledger.tiles import TileRef
 
 # Columns a RecordRow names itself; the rest of a row are its ``columns``.
 _OWN = frozenset({"leaf_index", "record_id", "created_at", "tenant", "canonical", "body",
@@ -56,6 +59,7 @@ class MemoryLog(TreeProofs):
         self._closed = False
         self.anchors = MemoryAnchorStore(log_size=lambda: self.tree_head()[0])
         self.cosignatures = MemoryCosignatures()
+        self.tiles = _MemoryTiles(self)
 
     # --- lifecycle (the SQL ledger's, so either fits a ``with``) -------------------------
 
@@ -219,10 +223,37 @@ class MemoryLog(TreeProofs):
             return self._meta
 
 
+class _MemoryTiles:
+    """The twin's tree and leaves as tiles (``TileReads``)."""
+
+    def __init__(self, log: MemoryLog) -> None:
+        self._log = log
+
+    def hash_tile(self, ref: TileRef) -> bytes:
+        level = ref.level * tiles.TILE_HEIGHT
+        with self._log._lock:
+            found = [self._log._nodes.get((level, i)) for i in range(ref.first,
+                                                                     ref.first + ref.width)]
+        if None in found:
+            raise TileNotFoundError(ref.path)
+        return b"".join(node for node in found if node is not None)
+
+    def entries(self, start: int, end: int) -> list[bytes]:
+        return [entry for entry, _ in self.leaves(start, end)]
+
+    def leaves(self, start: int, end: int) -> list[tuple[bytes, bytes | None]]:
+        with self._log._lock:
+            if not 0 <= start <= end <= len(self._log._rows):
+                raise TileNotFoundError(f"leaves [{start}, {end})")
+            rows = self._log._rows[start:end]
+        return [(row["canonical"], None if row["body"] is None else unpack_body(row["body"]))
+                for row in rows]
+
+
 if TYPE_CHECKING:  # mypy holds the twin to every role's Protocol
     from ledger.store.identity import IdentityStore
-    from ledger.store.log_api import Appender, CheckpointSealer, EvidenceLog
+    from ledger.store.log_api import Appender, CheckpointSealer, EvidenceLog, TiledLog
 
-    def _plays_every_role(log: MemoryLog) -> tuple[Appender, EvidenceLog, CheckpointSealer,
-                                                    IdentityStore]:
-        return log, log, log, log
+    def _plays_every_role(log: MemoryLog) -> tuple[Appender, EvidenceLog, TiledLog,
+                                                    CheckpointSealer, IdentityStore]:
+        return log, log, log, log, log

@@ -73,6 +73,7 @@ from ledger.store.schema import (
     tree_state,
 )
 from ledger.store.sqlite_guard import guard_sqlite_engine
+from ledger.store.tile_reads import SqlTileReads
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +276,7 @@ class SqlLedger(TreeProofs):
         self.mirror = SqlMirror(self.engine)
         self.anchors = SqlAnchorStore(self.engine)
         self.cosignatures = SqlCosignatures(self.engine)
+        self.tiles = SqlTileReads(self.engine)
         # Items are single appends or lists of appends made in one event-loop turn.
         self._queue: queue.SimpleQueue[_Pending | list[_Pending] | None] = queue.SimpleQueue()
         self._turn_buffers: dict[asyncio.AbstractEventLoop, list[_Pending]] = {}
@@ -775,8 +777,8 @@ def _checkpoint(row: Any) -> StoredCheckpoint:
 
 if TYPE_CHECKING:  # mypy holds the driver to every role's Protocol
     from ledger.store.identity import IdentityStore
-    from ledger.store.log_api import Appender, CheckpointSealer, EvidenceLog
+    from ledger.store.log_api import Appender, CheckpointSealer, EvidenceLog, TiledLog
 
-    def _plays_every_role(ledger: SqlLedger) -> tuple[Appender, EvidenceLog, CheckpointSealer,
-                                                       IdentityStore]:
-        return ledger, ledger, ledger, ledger
+    def _plays_every_role(ledger: SqlLedger) -> tuple[Appender, EvidenceLog, TiledLog,
+                                                       CheckpointSealer, IdentityStore]:
+        return ledger, ledger, ledger, ledger, ledger

@@ -19,6 +19,7 @@ from ledger import merkle
 from ledger.checkpoint import NoteSigner
 from ledger.errors import DuplicateRecordError, InvalidInputError
 from ledger.leaves.commitments import row_commitments
+from ledger.leaves.envelope import Leaf
 from ledger.leaves.environment import build_environment
 from ledger.leaves.record_v2 import EnvironmentRef, build_record_v2, row_data
 from ledger.record import AuditRecord
@@ -29,10 +30,12 @@ from ledger.store.log_api import (
     EvidenceLog,
     LogLeaf,
     LogReader,
+    TileNotFoundError,
 )
 from ledger.store.memory import MemoryLog
 from ledger.store.migrate import upgrade
 from ledger.store.sql import SqlLedger
+from ledger.tiles import TileRef
 from tests import merkle_reference
 from tests.integration.conftest import ORIGIN
 from tests.records import make_record
@@ -262,6 +265,24 @@ def test_cosignatures_are_kept_once_per_witness(driver: Driver) -> None:
     assert store.latest_size("w-a") == 9 and store.latest_size("w-c") is None
     assert [(c.checkpoint_size, c.witness, c.line) for c in store.iter_cosignatures()] == [
         (7, "w-a", "— w-a BBBB"), (7, "w-b", "— w-b AAAA"), (9, "w-a", "— w-a DDDD")]
+
+
+def test_tiles_read_the_stored_tree_and_leaves(driver: Driver) -> None:
+    leaves = _mixed_leaves()
+    for leaf in leaves:
+        driver.appender.append(leaf)
+    reads = driver.log.tiles
+    hashes = reads.hash_tile(TileRef(0, 0, len(leaves)))
+    assert hashes == b"".join(merkle.hash_leaf(leaf.canonical) for leaf in leaves)
+    assert reads.hash_tile(TileRef(0, 0, 2)) == hashes[:64]
+    assert reads.entries(2, 7) == [leaf.canonical for leaf in leaves[2:7]]
+    bodies = [body for _, body in reads.leaves(4, 8)]
+    assert bodies == [None] + [leaf.body for leaf in leaves[5:8] if isinstance(leaf, Leaf)]
+    for call in (lambda: reads.hash_tile(TileRef(0, 0, len(leaves) + 1)),
+                 lambda: reads.entries(0, len(leaves) + 1),
+                 lambda: reads.leaves(6, len(leaves) + 2)):
+        with pytest.raises(TileNotFoundError):
+            call()
 
 
 def test_checkpoints_after_a_size_count_the_anchoring_outbox(driver: Driver,

@@ -71,7 +71,7 @@ def published(tmp_path_factory: pytest.TempPathFactory, keys: Any) -> Path:
     body = Checkpoint.peek(note).body()
     note = add_cosignatures(note, [witness.cosign(body, 1_790_000_000)])
     ledger = SqlLedger(url)
-    publish(ledger.engine, note, DirectorySink(folder / "tlog"))
+    publish(ledger.tiles, note, DirectorySink(folder / "tlog"))
     ledger.engine.dispose()
     return folder / "tlog"
 
@@ -414,7 +414,7 @@ def test_a_library_caller_proves_a_filtered_window_from_the_log_tables(
     with SqlLedger(url) as ledger:
         latest = ledger.latest_checkpoint()
         assert latest is not None
-        source = StoreTiles(ledger.engine, cosigned_note(ledger, latest.size, latest.note))
+        source = StoreTiles(ledger.tiles, cosigned_note(ledger, latest.size, latest.note))
         answer, _, vouched = prove_window_from(
             source, signer.verifier(), SINCE, UNTIL, {"tenant": "bank-b",
                                                       "model_digest": MODEL_B},

@@ -270,7 +270,7 @@ class SqlLedger(TreeProofs):
         self.engine = make_engine(url, pg=self.pg)
         self._writer_engine = make_engine(url, writer=True, sqlite_synchronous=sqlite_synchronous,
                                           pg=self.pg, role="writer")
-        # The log's identity, its mirror, anchors and cosignatures live in their own
+        # The log's identity, mirror, anchors, cosignatures and tiles live in their own
         # modules (decisions 0042, 0048); they share this database's pool.
         self.identity = SqlIdentity(self.engine, self._writer_engine)
         self.mirror = SqlMirror(self.engine)

@@ -34,6 +34,11 @@ FETCH_THREADS = 8
 MAX_FILE_BYTES = tiles.TILE_WIDTH * (2 + tiles.MAX_ENTRY_BYTES)
 
 
+class RefusedError(BackendUnavailableError):
+    """The source answered but will not give this caller the file (HTTP 401 or 403: a
+    tenant's key asking for another tenant's bodies)."""
+
+
 class TileSource(Protocol):
     def get(self, path: str) -> bytes | None:
         """A file under the log's prefix, or None when there is none."""
@@ -55,6 +60,8 @@ class HttpTiles:
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None
+            if exc.code in (401, 403):
+                raise RefusedError(f"{path}: HTTP {exc.code}") from exc
             raise BackendUnavailableError(f"{path}: HTTP {exc.code}") from exc
         except OSError as exc:
             raise BackendUnavailableError(f"{self.prefix}: {exc}") from exc

@@ -25,6 +25,8 @@ from ledger.leaves.envelope import Leaf, is_envelope
 from ledger.leaves.environment import ENVIRONMENT_KIND, environment_columns
 from ledger.leaves.kinds import open_leaf
 from ledger.leaves.mirror import leaf_columns
+from ledger.leaves.stream_link import StartFacts, named_start, stream_start_problem
+from ledger.leaves.stream_start import STREAM_START_KIND
 from ledger.record import AuditRecord, mirror_columns, validate_body
 
 # Finding kinds (stable names, listed in the README):
@@ -36,6 +38,9 @@ ROOT_MISMATCH = "root_mismatch"  # the rebuilt root is not the signed one
 # An environments row disagrees with its environment leaf's bytes, is missing, names no
 # environment leaf, or a v2 record names a leaf that is no environment.
 ENVIRONMENT_MISMATCH = "environment_mismatch"
+# A streamed v2 record names a stream start that is not in the log before it, or is
+# another tenant's, or commits other content (decision 0050).
+STREAM_START_MISMATCH = "stream_start_mismatch"
 
 
 @dataclass(frozen=True)
@@ -170,7 +175,8 @@ def compare_columns(leaf_index: int, record_id: str, record: AuditRecord | Leaf,
 
 def _check_row(row: MirrorRow, report: AuditReport, origin: str,
                environments: Mapping[int, Mapping[str, Any]] | None,
-               environment_leaves: dict[int, Leaf]) -> datetime | None:
+               environment_leaves: dict[int, Leaf], starts: dict[str, StartFacts]
+               ) -> datetime | None:
     """Compare the row's columns with its bytes; returns the record's own time."""
     stored = dict(row.columns or {}, record_id=row.record_id, created_at=row.created_at)
     try:
@@ -184,6 +190,12 @@ def _check_row(row: MirrorRow, report: AuditReport, origin: str,
                                            all_columns=row.columns is not None))
     if environments is not None and isinstance(record, Leaf):
         _check_environment(row, record, environments, environment_leaves, report)
+    if isinstance(record, Leaf):
+        problem = stream_link_problem(record, row.leaf_index, starts)
+        if problem is not None:
+            report.findings.append(AuditFinding(
+                STREAM_START_MISMATCH, f"leaf {row.leaf_index} (record {row.record_id}): "
+                f"{problem}", row.leaf_index, row.record_id))
     try:
         return naive_utc(record.created_at)
     except ValueError:
@@ -243,6 +255,22 @@ def environment_reference_problem(leaf: Leaf, environment_leaves: Mapping[int, L
     return f"the record names leaf {named['leaf_index']} as its environment, {problem}"
 
 
+def stream_link_problem(leaf: Leaf, leaf_index: int, starts: dict[str, StartFacts]
+                        ) -> str | None:
+    """For leaves read in leaf order: a stream start is kept in ``starts`` (by record
+    id) until the record that completes it names it; that record's link is judged
+    (``stream_start_problem``) and the start let go, so only unfinished streams stay
+    held and a second record naming one start finds none. Shared by ``audit`` and
+    ``log fsck``."""
+    if leaf.kind == STREAM_START_KIND:
+        starts[leaf.record_id] = StartFacts.of(leaf, leaf_index)
+        return None
+    named = named_start(leaf)
+    if named is None:
+        return None
+    return stream_start_problem(leaf, leaf_index, starts.pop(named, None))
+
+
 def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: datetime,
                 until: datetime, log_size: int | None = None,
                 environments: Mapping[int, Mapping[str, Any]] | None = None) -> AuditReport:
@@ -253,6 +281,7 @@ def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: dateti
     not checked)."""
     report = AuditReport(checkpoint.size)
     environment_leaves: dict[int, Leaf] = {}
+    starts: dict[str, StartFacts] = {}  # stream starts not yet completed, by record id
     compact = merkle.CompactRange()
     expected = 0
     for row in rows:
@@ -265,7 +294,8 @@ def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: dateti
         report.rows_checked += 1
         # Columns are checked on every row, covered or not: they must say what the
         # bytes say whether or not a checkpoint vouches for the bytes yet.
-        moment = _check_row(row, report, checkpoint.origin, environments, environment_leaves)
+        moment = _check_row(row, report, checkpoint.origin, environments, environment_leaves,
+                            starts)
         if row.leaf_index >= checkpoint.size:
             if since <= row.created_at < until:
                 report.uncovered += 1

@@ -21,7 +21,12 @@ from collections.abc import Sequence
 from ledger import tiles
 from ledger.digest import SHA256_PREFIX
 from ledger.errors import InvalidInputError, MalformedProofError
-from ledger.leaves.envelope import body_digest, is_envelope, parse_envelope
+from ledger.leaves.envelope import (
+    body_digest,
+    canonical_envelope,
+    is_envelope,
+    parse_envelope,
+)
 from ledger.tiles import TileRef
 
 PREFIX = "bodies"
@@ -60,20 +65,18 @@ def parse_body_path(path: str) -> tuple[str | None, TileRef]:
     return tag, tiles.parse_path("tile/entries/" + parts[2])
 
 
-_TAG_AT = -len(b'"tenant_tag":"sha256:') - 64 - 2
-
-
 def envelope_tag(entry: bytes) -> str | None:
-    """An envelope's tenant tag. Canonical JSON puts it last: read it there when the
-    member occurs once (no duplicate could give the leaf another tag), else parse."""
-    if entry.count(b'"tenant_tag"') == 1:
-        if entry.endswith(b',"tenant_tag":null}'):
-            return None
-        tail = entry[_TAG_AT:]
-        if tail.startswith(b'"tenant_tag":"sha256:') and tail.endswith(b'"}') \
-                and _HEX.fullmatch(tail[-66:-2].decode("ascii", "replace")):
-            return SHA256_PREFIX + tail[-66:-2].decode("ascii")
-    tag = parse_envelope(entry)["tenant_tag"]
+    """An envelope's tenant tag. Every envelope the writer makes is canonical with plain
+    values, read by one whole-string pattern (``canonical_envelope``): its match is the
+    whole envelope, so the member it reads is the envelope's only ``tenant_tag``, never
+    text inside another member. Any other bytes are parsed strictly, and an envelope
+    with a duplicate, an extra member or another spelling of the member's name is
+    refused (CanonicalFormError) instead of being filed under a tag it names somewhere
+    (decision 0050)."""
+    fields = canonical_envelope(entry)
+    if fields is None:
+        fields = parse_envelope(entry)
+    tag = fields["tenant_tag"]
     return None if tag is None else str(tag)
 
 

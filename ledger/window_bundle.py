@@ -163,8 +163,8 @@ def check_body(index: int, envelope: bytes, body: bytes, origin: str) -> None:
     if parse_envelope(envelope)["body"] != body_digest(body):
         raise MalformedProofError(f"the body of leaf {index} in the window bundle does not "
                                   "hash to its envelope's body digest")
-    try:
-        open_leaf(envelope, body, origin)
+    try:  # the very bytes the envelope commits to, as verify demands (decision 0050)
+        open_leaf(envelope, body, origin, strict=True)
     except VerificationError as exc:
         raise MalformedProofError(f"the body of leaf {index} in the window bundle does not "
                                   f"match its envelope: {exc}") from exc

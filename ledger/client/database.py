@@ -7,6 +7,7 @@ from ledger.client.sources import (
     RecordEvidence,
     RecordNotFoundError,
     StoredLeaf,
+    named_start_id,
 )
 from ledger.errors import BackendError, InvalidInputError
 from ledger.store.log_api import EvidenceLog
@@ -34,7 +35,16 @@ class DatabaseSource:
             if named is not None and named.body is not None:
                 environment = StoredLeaf(named.leaf_index, named.canonical, named.body)
         return RecordEvidence(record_id, row.canonical, row.leaf_index, leaf, row.anchor_ref,
-                              row.body, environment)
+                              row.body, environment, self._stream_start(row.body))
+
+    def _stream_start(self, body: bytes | None) -> StoredLeaf | None:
+        """The leaf of the id a streamed v2 record names, whatever it is (check 1 judges
+        it); None when the log has none."""
+        start_id = named_start_id(body)
+        row = None if start_id is None else self.ledger.get_record(start_id)
+        if row is None or row.body is None:
+            return None
+        return StoredLeaf(row.leaf_index, row.canonical, row.body)
 
     def leaf_inclusion(self, record: RecordEvidence, leaf_index: int, size: int
                        ) -> list[bytes]:

@@ -10,7 +10,7 @@ from typing import Protocol
 
 from ledger.bundle import Bundle, BundleEntry
 from ledger.checkpoint import Checkpoint
-from ledger.client.sources import ServerSource
+from ledger.client.sources import RecordNotFoundError, ServerSource, named_start_id
 from ledger.errors import BackendError
 from ledger.store.log_api import EvidenceLog
 from ledger.store.mirror import MirrorPages
@@ -40,15 +40,24 @@ def export_from_log(ledger: BundledLog, since: datetime | None, until: datetime 
         raise BackendError("the log has no checkpoint yet")
     entries: list[BundleEntry] = []
     environments: dict[int, LeafEvidence] = {}
+    starts: dict[int, LeafEvidence] = {}
     cursor: str | None = None
     while True:
         found = ledger.mirror.page(since=since, until=until, limit=1000, cursor=cursor,
                                    filters=filters)
         for row in found.rows:
             if row.leaf_index < latest.size:
+                start_id = named_start_id(row.body)
+                start = None if start_id is None else ledger.get_record(start_id)
+                start_index = None if start is None else start.leaf_index
                 entries.append(BundleEntry(row.record_id, row.leaf_index, row.canonical,
                                            ledger.inclusion_proof(row.leaf_index, latest.size),
-                                           row.body, row.environment_index))
+                                           row.body, row.environment_index, start_index))
+                if start is not None and start.body is not None \
+                        and start.leaf_index < latest.size:
+                    starts[start.leaf_index] = LeafEvidence(
+                        start.leaf_index, start.canonical, start.body,
+                        ledger.inclusion_proof(start.leaf_index, latest.size))
                 index = row.environment_index
                 if index is not None and index not in environments:  # each once
                     named = ledger.record_at(index)
@@ -74,7 +83,7 @@ def export_from_log(ledger: BundledLog, since: datetime | None, until: datetime 
     origin = latest.note.split(b"\n", 1)[0].decode()
     return Bundle(origin, log_key, cosigned_note(ledger, latest.size, latest.note), entries,
                   anchored.note if anchored else None, anchored.ref if anchored else None,
-                  consistency, proofs_from, environments)
+                  consistency, proofs_from, environments, starts)
 
 
 def export_from_server(base_url: str, api_key: str, since: datetime | None,
@@ -95,6 +104,7 @@ def export_from_server(base_url: str, api_key: str, since: datetime | None,
         query["until"] = until.isoformat()
     entries: list[BundleEntry] = []
     environments: dict[int, LeafEvidence] = {}
+    starts: dict[int, LeafEvidence] = {}  # stream start leaves, by index
     cursor = None
     while True:
         page = server.get("/v1/records", **query, limit=500,
@@ -106,12 +116,15 @@ def export_from_server(base_url: str, api_key: str, since: datetime | None,
             proof = server.get(f"/v1/records/{quoted}/proof", tree_size=size)
             full = server.get(f"/v1/records/{quoted}")
             named = full.get("environment")
+            body = base64.b64decode(full["body_base64"]) if "body_base64" in full else None
+            start = _server_start(server, named_start_id(body), size)
+            if start is not None:
+                starts[start.leaf_index] = start
             entries.append(BundleEntry(row["record_id"], int(row["leaf_index"]),
                                        base64.b64decode(full["canonical_base64"]),
                                        [bytes.fromhex(h) for h in proof["inclusion_proof"]],
-                                       base64.b64decode(full["body_base64"])
-                                       if "body_base64" in full else None,
-                                       int(named["leaf_index"]) if named else None))
+                                       body, int(named["leaf_index"]) if named else None,
+                                       None if start is None else start.leaf_index))
             if named and int(named["leaf_index"]) not in environments:  # each once
                 environments[int(named["leaf_index"])] = LeafEvidence(
                     int(named["leaf_index"]), base64.b64decode(named["envelope_base64"]),
@@ -124,13 +137,32 @@ def export_from_server(base_url: str, api_key: str, since: datetime | None,
             break
     anchored = server.anchored()
     consistency: list[bytes] = []
-    starts = set(since_sizes)
+    sizes = set(since_sizes)
     if anchored is not None:
         low, high = sorted((Checkpoint.peek(anchored[0]).size, size))
         consistency = server.consistency(low, high) if low < high else []
-        starts.add(low)
-    proofs_from = {start: server.consistency(start, size) for start in sorted(starts)
-                   if 0 < start < size}
+        sizes.add(low)
+    proofs_from = {first: server.consistency(first, size) for first in sorted(sizes)
+                   if 0 < first < size}
     return Bundle(key["origin"], key["verifier_key"], note, entries,
                   anchored[0] if anchored else None, anchored[1] if anchored else None,
-                  consistency, proofs_from, environments)
+                  consistency, proofs_from, environments, starts)
+
+
+def _server_start(server: ServerSource, start_id: str | None, size: int
+                  ) -> LeafEvidence | None:
+    """The stream start leaf a streamed record names, with its proof at ``size``; None
+    when the server has none this key may read (the verifier then fails check 1)."""
+    if start_id is None:
+        return None
+    quoted = urllib.parse.quote(start_id, safe="")
+    try:
+        full = server.get(f"/v1/records/{quoted}")
+        proof = server.get(f"/v1/records/{quoted}/proof", tree_size=size)
+    except RecordNotFoundError:
+        return None
+    if "body_base64" not in full:
+        return None
+    return LeafEvidence(int(full["leaf_index"]), base64.b64decode(full["canonical_base64"]),
+                        base64.b64decode(full["body_base64"]),
+                        [bytes.fromhex(h) for h in proof["inclusion_proof"]])

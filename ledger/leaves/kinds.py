@@ -60,9 +60,9 @@ def open_leaf(envelope: bytes, body: bytes, origin: str, *, strict: bool = False
         raise CanonicalFormError(f"kind must be one of {sorted(V2_KINDS)}",
                                  field="envelope.kind")
     validate, tenant_scoped = rules
-    content = parse_canonical(body) if strict else parse_strict(body)
+    content = _canonical(body, "body") if strict else parse_strict(body)
     if strict and not canonical:
-        parse_canonical(envelope)
+        _canonical(envelope, "envelope")
     if not isinstance(content, dict) or content.get("schema") != kind:
         raise LeafBindingError(f"the envelope's kind is {kind}, the body's schema is "
                                f"{content.get('schema') if isinstance(content, dict) else None}")
@@ -77,3 +77,13 @@ def open_leaf(envelope: bytes, body: bytes, origin: str, *, strict: bool = False
             + (f"the tag of tenant {content['tenant']!r} in log {origin!r}" if tenant_scoped
                else "null (a log-wide leaf has none)"))
     return Leaf(envelope, body, merkle.hash_leaf(envelope), kind, content)
+
+
+def _canonical(data: bytes, part: str) -> Any:
+    """``parse_canonical``, its error naming the part (``body``, ``envelope``): a v2
+    leaf's bytes must be the very bytes its digests commit to (decision 0050)."""
+    try:
+        return parse_canonical(data)
+    except CanonicalFormError as exc:
+        raise CanonicalFormError(f"must be the canonical bytes committed to: {exc.reason}",
+                                 field=part) from exc

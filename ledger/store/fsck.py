@@ -16,7 +16,9 @@ checkpoint_signature, checkpoint_root_mismatch, checkpoint_beyond_log, checkpoin
 anchor_signature, anchor_size_mismatch, anchor_checkpoint_missing,
 anchor_checkpoint_mismatch, anchor_root_mismatch, anchor_beyond_log, anchor_order,
 cosignature_malformed, cosignature_orphan, environment_mismatch (a v2 record names an
-environment leaf that is not before it, has another hash, or is another engine's).
+environment leaf that is not before it, has another hash, or is another engine's),
+stream_start_mismatch (a streamed v2 record names a stream start that is not before it,
+is another tenant's or commits other content: decision 0050).
 
 Cosignature lines (the ``cosignatures`` table) must each be one well-formed signature
 line naming its witness and belong to a stored checkpoint; whether a witness's signature
@@ -32,15 +34,18 @@ from ledger import merkle
 from ledger.audit import (
     ENVIRONMENT_MISMATCH,
     RECORD_UNPARSEABLE,
+    STREAM_START_MISMATCH,
     compare_columns,
     environment_reference_problem,
     open_row,
+    stream_link_problem,
 )
 from ledger.checkpoint import Checkpoint, NoteVerifier
 from ledger.cosignature import well_formed_line
 from ledger.errors import LedgerError
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.environment import ENVIRONMENT_KIND
+from ledger.leaves.stream_link import StartFacts
 from ledger.store.log_api import AnchoredCheckpoint, EvidenceLog, RecordRow
 
 BATCH = 5000
@@ -89,6 +94,7 @@ def fsck(
     rows = ledger.iter_records(0, None, BATCH)
     row = next(rows, None)
     environment_leaves: dict[int, Leaf] = {}  # those seen so far (rows in leaf order)
+    starts: dict[str, StartFacts] = {}  # stream starts not yet completed, by record id
 
     for start in range(0, size, BATCH):
         end = min(start + BATCH, size)
@@ -107,7 +113,7 @@ def fsck(
                 report.findings.append(Finding("record_missing", f"leaf {index}",
                                                "log entry with no mirror row"))
             else:
-                _check_row(row, leaf, report, verifier.name, environment_leaves)
+                _check_row(row, leaf, report, verifier.name, environment_leaves, starts)
                 report.records_checked += 1
                 row = next(rows, None)
             created.extend(node for node in compact.append(leaf) if node[0][0] > 0)
@@ -224,7 +230,7 @@ def _check_anchors(anchor_rows: list[AnchoredCheckpoint], verifier: NoteVerifier
 
 
 def _check_row(row: RecordRow, leaf: bytes, report: FsckReport, origin: str,
-               environment_leaves: dict[int, Leaf]) -> None:
+               environment_leaves: dict[int, Leaf], starts: dict[str, StartFacts]) -> None:
     where = f"leaf {row.leaf_index} (record {row.record_id})"
     if merkle.hash_leaf(row.canonical) != leaf:
         report.findings.append(Finding("record_altered", where,
@@ -251,3 +257,6 @@ def _check_row(row: RecordRow, leaf: bytes, report: FsckReport, origin: str,
     problem = environment_reference_problem(opened, environment_leaves)
     if problem is not None:
         report.findings.append(Finding(ENVIRONMENT_MISMATCH, where, problem))
+    problem = stream_link_problem(opened, row.leaf_index, starts)
+    if problem is not None:
+        report.findings.append(Finding(STREAM_START_MISMATCH, where, problem))

@@ -279,6 +279,8 @@ def decode_position(cursor: str) -> Position:
             or not _ASCII_INTEGER.fullmatch(parts[2]) or not _ASCII_INTEGER.fullmatch(parts[3])
             or not 0 <= int(parts[2]) <= _MAX_MICROS):
         raise bad
+    if int(parts[3]) > MAX_CURSOR_LEAF:
+        raise bad
     return Position(parts[1], parts[0] == "before",
                     _EPOCH + timedelta(microseconds=int(parts[2])), int(parts[3]))
 
@@ -386,6 +388,10 @@ def _naive_utc(moment: datetime) -> datetime:
 
 CURSOR_PATTERN = "^[0-9]{1,15}$"  # what the API document promises (below 2**53, as JSON)
 _DECIMAL_CURSOR = re.compile(CURSOR_PATTERN)
+MAX_CURSOR_LEAF = 2**53 - 1  # a forged cursor must not overflow a SQL integer
+# Every cursor ``page`` issues: the decimal one (log order, forward), or a Position's
+# URL-safe base64 (another order, or backward).
+PAGE_CURSOR_PATTERN = "^(?:[0-9]{1,15}|[A-Za-z0-9_-]{8,96})$"
 _ASCII_INTEGER = re.compile("[0-9]{1,19}")  # str.isdigit() takes '²' and other scripts' digits
 
 
@@ -402,7 +408,8 @@ def decode_cursor(cursor: str) -> int:
     try:  # the base64 "after:N" cursors this service issued before
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         prefix, _, number = text.partition(":")
-        if prefix != "after" or not _ASCII_INTEGER.fullmatch(number):
+        if (prefix != "after" or not _ASCII_INTEGER.fullmatch(number)
+                or int(number) > MAX_CURSOR_LEAF):
             raise ValueError(text)
         return int(number)
     except (ValueError, UnicodeDecodeError) as exc:

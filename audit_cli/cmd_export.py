@@ -33,7 +33,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ledger.checkpoint import Checkpoint
-    from ledger.client.exporter import export_from_db, export_from_server
+    from ledger.client.exporter import export_from_log, export_from_server
+    from ledger.store.sql import SqlLedger
 
     if args.window:
         return _window(args)
@@ -44,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInputError("--since-size", "must be >= 0")
     progress = progress_printer("exported")
     if args.db:
-        bundle = export_from_db(args.db, since, until, filters, progress=progress,
-                                since_size=min(args.since_size, default=None))
+        with SqlLedger(args.db) as ledger:
+            bundle = export_from_log(ledger, since, until, filters, progress=progress,
+                                     since_size=min(args.since_size, default=None))
     else:
         if not args.api_key:
             raise InvalidInputError("--api-key", "is required with --server")

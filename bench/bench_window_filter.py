@@ -37,7 +37,6 @@ from ledger.cosignature import Cosigner  # noqa: E402
 from ledger.publish.directory import DirectorySink  # noqa: E402
 from ledger.publish.worker import publish_latest  # noqa: E402
 from ledger.store.sql import SqlLedger  # noqa: E402
-from ledger.witness.cosignatures import store_cosignature  # noqa: E402
 from tests.mixed_log import MODEL_B, append_all, mixed_leaves  # noqa: E402
 
 ORIGIN = "bench.audit-ledger/window-filter"
@@ -61,7 +60,7 @@ def build(folder: Path, count: int, signer: NoteSigner, witness: Cosigner) -> No
         sealed = ledger.seal_checkpoint(signer, ORIGIN)
         assert sealed is not None
         line = witness.cosign(Checkpoint.peek(sealed.note).body(), 1_790_000_000)
-        store_cosignature(ledger.engine, count, witness.name, line, 1_790_000_000)
+        ledger.cosignatures.store(count, witness.name, line, 1_790_000_000)
         publish_latest(ledger, DirectorySink(folder / "tlog"))
 
 

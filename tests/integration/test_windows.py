@@ -71,7 +71,7 @@ def published(tmp_path_factory: pytest.TempPathFactory, keys: Any) -> Path:
     body = Checkpoint.peek(note).body()
     note = add_cosignatures(note, [witness.cosign(body, 1_790_000_000)])
     ledger = SqlLedger(url)
-    publish(ledger.engine, note, DirectorySink(folder / "tlog"))
+    publish(ledger.tiles, note, DirectorySink(folder / "tlog"))
     ledger.engine.dispose()
     return folder / "tlog"
 
@@ -279,7 +279,6 @@ def v2_only(tmp_path_factory: pytest.TempPathFactory, keys: Any) -> tuple[str, P
 
 
 def _publish_mixed(folder: Path, keys: Any, v1: int) -> tuple[str, Path]:
-    from ledger.witness.cosignatures import store_cosignature
     from tests.mixed_log import append_all, mixed_leaves
 
     signer, witness = keys
@@ -290,7 +289,7 @@ def _publish_mixed(folder: Path, keys: Any, v1: int) -> tuple[str, Path]:
         sealed = ledger.seal_checkpoint(signer, ORIGIN)
         assert sealed is not None
         line = witness.cosign(Checkpoint.peek(sealed.note).body(), 1_790_000_000)
-        store_cosignature(ledger.engine, COUNT, witness.name, line, 1_790_000_000)
+        ledger.cosignatures.store(COUNT, witness.name, line, 1_790_000_000)
         from ledger.publish.worker import publish_latest
         publish_latest(ledger, DirectorySink(folder / "tlog"))
     return url, folder / "tlog"
@@ -415,7 +414,7 @@ def test_a_library_caller_proves_a_filtered_window_from_the_log_tables(
     with SqlLedger(url) as ledger:
         latest = ledger.latest_checkpoint()
         assert latest is not None
-        source = StoreTiles(ledger.engine, cosigned_note(ledger, latest.size, latest.note))
+        source = StoreTiles(ledger.tiles, cosigned_note(ledger, latest.size, latest.note))
         answer, _, vouched = prove_window_from(
             source, signer.verifier(), SINCE, UNTIL, {"tenant": "bank-b",
                                                       "model_digest": MODEL_B},

@@ -33,7 +33,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ledger.checkpoint import Checkpoint
-    from ledger.client.exporter import export_from_db, export_from_server
+    from ledger.client.exporter import export_from_log, export_from_server
+    from ledger.store.sql import SqlLedger
 
     if args.window:
         return _window(args)
@@ -44,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInputError("--since-size", "must be >= 0")
     progress = progress_printer("exported")
     if args.db:
-        bundle = export_from_db(args.db, since, until, filters, progress=progress,
-                                since_size=min(args.since_size, default=None))
+        with SqlLedger(args.db) as ledger:
+            bundle = export_from_log(ledger, since, until, filters, progress=progress,
+                                     since_size=min(args.since_size, default=None))
     else:
         if not args.api_key:
             raise InvalidInputError("--api-key", "is required with --server")
@@ -86,6 +88,7 @@ def _window(args: argparse.Namespace) -> int:
     else:
         print(f"wrote the leaves [{answer.start}, {answer.end}) of the checkpoint of size "
               f"{answer.tree_size} ({vouched}) to {args.bundle}: {answer.in_window} in the "
-              f"window, {len(bundle.bodies)} v2 bodies ({left_out} of the range's v2 leaves "
-              "without theirs: another tenant's)")
+              f"window, {len(bundle.bodies)} v2 bodies"
+              + (f" ({left_out} of the range's v2 leaves without theirs: another tenant's)"
+                 if left_out else ""))
     return 0

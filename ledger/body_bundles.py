@@ -22,8 +22,8 @@ from ledger import tiles
 from ledger.digest import SHA256_PREFIX
 from ledger.errors import InvalidInputError, MalformedProofError
 from ledger.leaves.envelope import (
+    CANONICAL_ENVELOPE,
     body_digest,
-    canonical_envelope,
     is_envelope,
     parse_envelope,
 )
@@ -67,17 +67,18 @@ def parse_body_path(path: str) -> tuple[str | None, TileRef]:
 
 def envelope_tag(entry: bytes) -> str | None:
     """An envelope's tenant tag. Every envelope the writer makes is canonical with plain
-    values, read by one whole-string pattern (``canonical_envelope``): its match is the
+    values, read by one whole-string pattern (``CANONICAL_ENVELOPE``): its match is the
     whole envelope, so the member it reads is the envelope's only ``tenant_tag``, never
     text inside another member. Any other bytes are parsed strictly, and an envelope
     with a duplicate, an extra member or another spelling of the member's name is
     refused (CanonicalFormError) instead of being filed under a tag it names somewhere
-    (decision 0050)."""
-    fields = canonical_envelope(entry)
-    if fields is None:
-        fields = parse_envelope(entry)
-    tag = fields["tenant_tag"]
-    return None if tag is None else str(tag)
+    (decision 0050). Whoever opens the leaf checks the rest (its time as an instant)."""
+    found = CANONICAL_ENVELOPE.fullmatch(entry)
+    if found is not None:
+        tag = found.group(4)
+        return None if tag is None else tag.decode("ascii")
+    parsed = parse_envelope(entry)["tenant_tag"]
+    return None if parsed is None else str(parsed)
 
 
 def tags_of(entries: Sequence[bytes]) -> dict[str | None, list[int]]:

@@ -29,7 +29,7 @@ from inference_wrapper.server.console_search import BadField, parse_search
 from ledger.checkpoint import NoteVerifier
 from ledger.client.proved_window import prove_window_from
 from ledger.errors import InvalidInputError, VerificationError
-from ledger.store.sql import SqlLedger
+from ledger.store.log_api import TiledLog
 from ledger.store.tile_reads import StoreTiles
 from ledger.witness.client import parse_witnesses
 from ledger.witness.cosignatures import cosigned_note
@@ -43,7 +43,7 @@ NOTICE = ("<p id=\"operator-hosted\">This is the operator-hosted proof: the oper
           "</code>.</p>")
 
 
-def prove(ledger: SqlLedger, verifier: NoteVerifier, witness_setting: str, since: datetime,
+def prove(ledger: TiledLog, verifier: NoteVerifier, witness_setting: str, since: datetime,
           until: datetime, filters: dict[str, str]) -> str:
     """The answer's sentence: complete (and how the checkpoint is vouched for), or why
     it cannot be proven. Raises nothing a caller must map: every refusal is a sentence."""
@@ -54,14 +54,14 @@ def prove(ledger: SqlLedger, verifier: NoteVerifier, witness_setting: str, since
     witnesses = [w.key for w in parse_witnesses(witness_setting)]
     try:
         answer, _, vouched = prove_window_from(
-            StoreTiles(ledger.engine, note), verifier, since, until,
+            StoreTiles(ledger.tiles, note), verifier, since, until,
             filters, witnesses=witnesses, quorum=1 if witnesses else None)
     except (VerificationError, InvalidInputError) as exc:
         return f"cannot be proven: {exc}"
     if vouched == "UNWITNESSED":
         # The first anchor covering the checkpoint's last leaf (an anchor of this size or a
         # later one, which a consistency proof ties to it).
-        last = ledger.mirror.record_at(answer.tree_size - 1)
+        last = ledger.record_at(answer.tree_size - 1)
         vouched = (f"an anchor ({last.anchor_ref})" if last is not None and last.anchor_ref
                    else "only the log key (neither witnessed nor anchored)")
     return f"{answer.summary()}; checkpoint size {answer.tree_size} vouched for by {vouched}"

@@ -14,7 +14,6 @@ from inference_wrapper.server.access import caller, readable_tenant
 from inference_wrapper.server.appkeys import INTEGRATOR, LEDGER, SETTINGS, SIGNER
 from inference_wrapper.server.problems import Problem, invalid
 from inference_wrapper.server.validation import MAX_QUERY_INT, query_int
-from ledger.anchor.store import SqlAnchorStore
 from ledger.errors import InvalidInputError
 from ledger.store.log_api import RecordRow
 from ledger.store.mirror import (
@@ -232,7 +231,7 @@ async def latest_checkpoint(request: web.Request) -> web.Response:
 
 
 async def anchored_checkpoint(request: web.Request) -> web.Response:
-    anchored = await asyncio.to_thread(SqlAnchorStore(request.app[LEDGER].engine).latest)
+    anchored = await asyncio.to_thread(request.app[LEDGER].anchors.latest)
     if anchored is None:
         raise Problem(404, "Not Found", "no checkpoint has been anchored yet")
     return web.json_response({"tree_size": anchored.size, "kind": anchored.kind,

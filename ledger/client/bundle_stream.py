@@ -12,17 +12,15 @@ import json
 from collections.abc import Iterator
 from datetime import datetime
 
-from ledger.anchor.store import SqlAnchorStore
 from ledger.bundle import BUNDLE_FORMAT
-from ledger.client.exporter import DEFAULT_EARLIER_SIZES
+from ledger.client.exporter import DEFAULT_EARLIER_SIZES, BundledLog
 from ledger.errors import BackendError
-from ledger.store.sql import SqlLedger
 from ledger.witness.cosignatures import cosigned_note
 
 PAGE = 500
 
 
-def bundle_chunks(ledger: SqlLedger, since: datetime | None, until: datetime | None,
+def bundle_chunks(ledger: BundledLog, since: datetime | None, until: datetime | None,
                   filters: dict[str, str], contains: dict[str, str] | None = None
                   ) -> Iterator[str]:
     """The bundle of the matching records at the latest checkpoint, as text chunks. The
@@ -30,7 +28,7 @@ def bundle_chunks(ledger: SqlLedger, since: datetime | None, until: datetime | N
     latest = ledger.latest_checkpoint()
     if latest is None:
         raise BackendError("the log has no checkpoint yet")
-    anchored = SqlAnchorStore(ledger.engine).latest()
+    anchored = ledger.anchors.latest()
     anchor = None
     if anchored is not None:
         low, high = sorted((anchored.size, latest.size))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ledger.anchor.store import SqlAnchorStore
 from ledger.client.sources import (
     ProofUnavailableError,
     RecordEvidence,
@@ -11,12 +10,12 @@ from ledger.client.sources import (
     named_start_id,
 )
 from ledger.errors import BackendError, InvalidInputError
-from ledger.store.sql import SqlLedger
+from ledger.store.log_api import EvidenceLog
 from ledger.witness.cosignatures import cosigned_note
 
 
 class DatabaseSource:
-    def __init__(self, ledger: SqlLedger) -> None:
+    def __init__(self, ledger: EvidenceLog) -> None:
         self.ledger = ledger
 
     def record(self, record_id: str) -> RecordEvidence:
@@ -75,7 +74,7 @@ class DatabaseSource:
             raise ProofUnavailableError(f"the log's tree lacks a node: {exc}") from exc
 
     def anchored(self) -> tuple[bytes, str] | None:
-        latest = SqlAnchorStore(self.ledger.engine).latest()
+        latest = self.ledger.anchors.latest()
         return (latest.note, latest.ref) if latest else None
 
 

@@ -1,4 +1,4 @@
-"""Building evidence bundles from a database or a server."""
+"""Building evidence bundles from a log (a database's, or the in-memory twin) or a server."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ import base64
 import urllib.parse
 from collections.abc import Callable
 from datetime import datetime
+from typing import Protocol
 
-from ledger.anchor.store import SqlAnchorStore
 from ledger.bundle import Bundle, BundleEntry
 from ledger.checkpoint import Checkpoint
 from ledger.client.sources import RecordNotFoundError, ServerSource, named_start_id
 from ledger.errors import BackendError
-from ledger.store.sql import SqlLedger
+from ledger.store.log_api import EvidenceLog
+from ledger.store.mirror import MirrorPages
 from ledger.verify import LeafEvidence
 from ledger.witness.cosignatures import cosigned_note
 
@@ -20,63 +21,69 @@ Progress = Callable[[int, int | None], None]
 DEFAULT_EARLIER_SIZES = 1000
 
 
-def export_from_db(url: str, since: datetime | None, until: datetime | None,
-                   filters: dict[str, str], progress: Progress | None = None,
-                   log_key: str = "", since_size: int | None = None) -> Bundle:
+class BundledLog(EvidenceLog, Protocol):
+    """The evidence of a log and the mirror pages its bundled records are chosen from."""
+
+    @property
+    def mirror(self) -> MirrorPages: ...
+
+
+def export_from_log(ledger: BundledLog, since: datetime | None, until: datetime | None,
+                    filters: dict[str, str], progress: Progress | None = None,
+                    log_key: str = "", since_size: int | None = None) -> Bundle:
     """A bundle of the matching records at the latest checkpoint, with consistency proofs
     from every earlier checkpoint size >= ``since_size`` (see ``ledger.bundle``); by
     default from the latest ``DEFAULT_EARLIER_SIZES`` checkpoint sizes (a log sealing
     every second publishes 86,400 a day: proofs from all of them would swamp a bundle)."""
-    with SqlLedger(url) as ledger:
-        latest = ledger.latest_checkpoint()
-        if latest is None:
-            raise BackendError("the log has no checkpoint yet")
-        entries: list[BundleEntry] = []
-        environments: dict[int, LeafEvidence] = {}
-        starts: dict[int, LeafEvidence] = {}
-        cursor: str | None = None
-        while True:
-            rows, cursor = ledger.mirror.query(since=since, until=until, limit=1000, cursor=cursor,
-                                               **filters)
-            for row in rows:
-                if row.leaf_index < latest.size:
-                    start_id = named_start_id(row.body)
-                    start = None if start_id is None else ledger.get_record(start_id)
-                    start_index = None if start is None else start.leaf_index
-                    entries.append(BundleEntry(row.record_id, row.leaf_index, row.canonical,
-                                               ledger.inclusion_proof(row.leaf_index,
-                                                                      latest.size),
-                                               row.body, row.environment_index, start_index))
-                    if start is not None and start.body is not None \
-                            and start.leaf_index < latest.size:
-                        starts[start.leaf_index] = LeafEvidence(
-                            start.leaf_index, start.canonical, start.body,
-                            ledger.inclusion_proof(start.leaf_index, latest.size))
-                    index = row.environment_index
-                    if index is not None and index not in environments:  # each once
-                        named = ledger.record_at(index)
-                        if named is not None and named.body is not None:
-                            environments[index] = LeafEvidence(
-                                index, named.canonical, named.body,
-                                ledger.inclusion_proof(index, latest.size))
-            if progress:
-                progress(len(entries), None)
-            if cursor is None:
-                break
-        anchored = SqlAnchorStore(ledger.engine).latest()
-        consistency: list[bytes] = []
-        if anchored is not None:
-            low, high = sorted((anchored.size, latest.size))
-            consistency = ledger.consistency_proof(low, high) if low < high else []
-        earlier = [c.size for c in ledger.iter_checkpoints()
-                   if max(since_size or 0, 1) <= c.size < latest.size]
-        if since_size is None:
-            earlier = earlier[-DEFAULT_EARLIER_SIZES:]
-        proofs_from = {s: ledger.consistency_proof(s, latest.size) for s in earlier}
-        origin = latest.note.split(b"\n", 1)[0].decode()
-        return Bundle(origin, log_key, cosigned_note(ledger, latest.size, latest.note), entries,
-                      anchored.note if anchored else None, anchored.ref if anchored else None,
-                      consistency, proofs_from, environments, starts)
+    latest = ledger.latest_checkpoint()
+    if latest is None:
+        raise BackendError("the log has no checkpoint yet")
+    entries: list[BundleEntry] = []
+    environments: dict[int, LeafEvidence] = {}
+    starts: dict[int, LeafEvidence] = {}
+    cursor: str | None = None
+    while True:
+        found = ledger.mirror.page(since=since, until=until, limit=1000, cursor=cursor,
+                                   filters=filters)
+        for row in found.rows:
+            if row.leaf_index < latest.size:
+                start_id = named_start_id(row.body)
+                start = None if start_id is None else ledger.get_record(start_id)
+                start_index = None if start is None else start.leaf_index
+                entries.append(BundleEntry(row.record_id, row.leaf_index, row.canonical,
+                                           ledger.inclusion_proof(row.leaf_index, latest.size),
+                                           row.body, row.environment_index, start_index))
+                if start is not None and start.body is not None \
+                        and start.leaf_index < latest.size:
+                    starts[start.leaf_index] = LeafEvidence(
+                        start.leaf_index, start.canonical, start.body,
+                        ledger.inclusion_proof(start.leaf_index, latest.size))
+                index = row.environment_index
+                if index is not None and index not in environments:  # each once
+                    named = ledger.record_at(index)
+                    if named is not None and named.body is not None:
+                        environments[index] = LeafEvidence(
+                            index, named.canonical, named.body,
+                            ledger.inclusion_proof(index, latest.size))
+        if progress:
+            progress(len(entries), None)
+        cursor = found.next_cursor
+        if cursor is None:
+            break
+    anchored = ledger.anchors.latest()
+    consistency: list[bytes] = []
+    if anchored is not None:
+        low, high = sorted((anchored.size, latest.size))
+        consistency = ledger.consistency_proof(low, high) if low < high else []
+    earlier = [c.size for c in ledger.iter_checkpoints()
+               if max(since_size or 0, 1) <= c.size < latest.size]
+    if since_size is None:
+        earlier = earlier[-DEFAULT_EARLIER_SIZES:]
+    proofs_from = {s: ledger.consistency_proof(s, latest.size) for s in earlier}
+    origin = latest.note.split(b"\n", 1)[0].decode()
+    return Bundle(origin, log_key, cosigned_note(ledger, latest.size, latest.note), entries,
+                  anchored.note if anchored else None, anchored.ref if anchored else None,
+                  consistency, proofs_from, environments, starts)
 
 
 def export_from_server(base_url: str, api_key: str, since: datetime | None,

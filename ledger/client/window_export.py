@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from ledger import merkle, tiles
-from ledger.body_bundles import tags_of
 from ledger.client.tiles import FETCH_THREADS, RefusedError, TiledLog
 from ledger.window import WindowAnswer
 from ledger.window_bundle import WindowBundle
@@ -56,7 +55,7 @@ def _positions(log: TiledLog, n: int, start: int, end: int) -> dict[str | None, 
     """Entry bundle ``n``'s v2 leaves in ``[start, end)``, by tenant tag."""
     first = n * tiles.TILE_WIDTH
     out = {tag: [p for p in found if start <= first + p < end]
-           for tag, found in tags_of(log.bundle(n)).items()}
+           for tag, found in log.tags(n).items()}
     return {tag: found for tag, found in out.items() if found}
 
 

@@ -29,9 +29,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
-
-from sqlalchemy import select
 
 from ledger import merkle
 from ledger.audit import (
@@ -50,9 +47,7 @@ from ledger.leaves.batch_layouts import BatchLayouts
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.environment import ENVIRONMENT_KIND
 from ledger.leaves.stream_link import StartFacts
-from ledger.store.log_api import RecordRow
-from ledger.store.schema import anchors, cosignatures
-from ledger.store.sql import SqlLedger
+from ledger.store.log_api import AnchoredCheckpoint, EvidenceLog, RecordRow
 
 BATCH = 5000
 
@@ -84,30 +79,15 @@ class FsckReport:
         return self.findings[0] if self.findings else None
 
 
-@dataclass(frozen=True)
-class _Anchor:
-    size: int
-    note: bytes
-    kind: str
-    ref: str
-    anchored_at: datetime
-
-
-def read_anchors(ledger: SqlLedger) -> list[_Anchor]:
-    with ledger.engine.connect() as conn:
-        return [_Anchor(int(r.size), bytes(r.note), str(r.kind), str(r.ref), r.anchored_at)
-                for r in conn.execute(select(anchors).order_by(anchors.c.size))]
-
-
 def fsck(
-    ledger: SqlLedger,
+    ledger: EvidenceLog,
     verifier: NoteVerifier,
     progress: Callable[[int, int], None] | None = None,
 ) -> FsckReport:
     size, stored_root = ledger.tree_head()
     report = FsckReport(tree_size=size)
     stored_checkpoints = list(ledger.iter_checkpoints())
-    anchor_rows = read_anchors(ledger)
+    anchor_rows = list(ledger.anchors.iter_anchors())
     known_checkpoints = {c.size for c in stored_checkpoints}
     roots_at: dict[int, bytes] = {}
     wanted_sizes = {c.size for c in stored_checkpoints} | {a.size for a in anchor_rows}
@@ -198,29 +178,25 @@ def fsck(
     return report
 
 
-def _check_cosignatures(ledger: SqlLedger, known_checkpoints: set[int],
+def _check_cosignatures(ledger: EvidenceLog, known_checkpoints: set[int],
                         report: FsckReport) -> None:
-    with ledger.engine.connect() as conn:
-        rows = conn.execute(select(cosignatures.c.checkpoint_size, cosignatures.c.witness,
-                                   cosignatures.c.line)
-                            .order_by(cosignatures.c.checkpoint_size, cosignatures.c.witness))
-        for size, witness, line in rows:
-            where = f"cosignature of checkpoint {size} by {witness}"
-            text = str(line)
-            if not well_formed_line(text) or text.split(" ")[1:2] != [str(witness)]:
-                report.findings.append(Finding(
-                    "cosignature_malformed", where,
-                    f"not one signature line in the witness's name: {text[:60]!r} (left "
-                    "out of served notes)"))
-            elif int(size) not in known_checkpoints:
-                report.findings.append(Finding("cosignature_orphan", where,
-                                               "no checkpoint of that size is stored"))
+    for stored in ledger.cosignatures.iter_cosignatures():
+        where = f"cosignature of checkpoint {stored.checkpoint_size} by {stored.witness}"
+        text = stored.line
+        if not well_formed_line(text) or text.split(" ")[1:2] != [stored.witness]:
+            report.findings.append(Finding(
+                "cosignature_malformed", where,
+                f"not one signature line in the witness's name: {text[:60]!r} (left "
+                "out of served notes)"))
+        elif stored.checkpoint_size not in known_checkpoints:
+            report.findings.append(Finding("cosignature_orphan", where,
+                                           "no checkpoint of that size is stored"))
 
 
-def _check_anchors(anchor_rows: list[_Anchor], verifier: NoteVerifier,
+def _check_anchors(anchor_rows: list[AnchoredCheckpoint], verifier: NoteVerifier,
                    signed: dict[int, Checkpoint], known_checkpoints: set[int],
                    roots_at: dict[int, bytes], size: int, report: FsckReport) -> None:
-    previous: _Anchor | None = None
+    previous: AnchoredCheckpoint | None = None
     for anchor in anchor_rows:
         report.anchors_checked += 1
         where = f"anchor {anchor.size} ({anchor.ref})"

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import Engine, and_, func, or_, select
 from sqlalchemy.engine import Connection
@@ -36,6 +36,16 @@ PARTIAL_FILTERS = ("model_name", "accelerator_model", "driver_version", "service
 # Orders of a page of the mirror: log order, or by time (oldest or newest first), the
 # leaf index breaking ties so that every cursor names one place in the order.
 PAGE_ORDERS = ("leaf", "time", "-time")
+
+
+class MirrorPages(Protocol):
+    """Pages of the mirror's rows by time window, exact filters and parts of names: what
+    a bundle's or a report's records are chosen from."""
+
+    def page(self, *, since: datetime | None = None, until: datetime | None = None,
+             limit: int = 100, cursor: str | None = None, order: str = "leaf",
+             filters: Mapping[str, str | None] | None = None,
+             contains: Mapping[str, str] | None = None) -> MirrorPage: ...
 
 
 class SqlMirror:
@@ -440,3 +450,8 @@ def decode_cursor(cursor: str) -> int:
         return int(number)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInputError("cursor", "is not a cursor this service issued") from exc
+
+
+if TYPE_CHECKING:  # mypy holds the mirror to the Protocol its readers take
+    def _plays_the_role(mirror: SqlMirror) -> MirrorPages:
+        return mirror

@@ -17,8 +17,8 @@ from inference_wrapper.server import console as console_module
 from inference_wrapper.server import console_pages
 from inference_wrapper.server.app import KEYS, LEDGER, SETTINGS, create_app
 from inference_wrapper.server.console_sessions import SessionCodec
-from ledger.anchor.store import SqlAnchorStore
 from ledger.checkpoint import NoteVerifier
+from ledger.store.anchors import SqlAnchorStore
 from ledger.verify import Evidence, LeafEvidence, TrustPolicy, verify_record
 from tests.console.conftest import Console, sign_in
 

@@ -20,7 +20,6 @@ from ledger.checkpoint import Checkpoint, NoteSigner
 from ledger.cosignature import Cosigner
 from ledger.leaves.envelope import Leaf
 from ledger.store.sql import SqlLedger
-from ledger.witness.cosignatures import store_cosignature
 from tests.cli_runs import cli_text
 from tests.mixed_log import DRIVER_A, MODEL_A, MODEL_B, append_all, mixed_leaves
 from tests.tiles_service import tiles_service
@@ -65,7 +64,7 @@ def _build(url: str, keys: Any) -> None:
         sealed = ledger.seal_checkpoint(signer, ORIGIN)
         assert sealed is not None and sealed.size == COUNT
         line = witness.cosign(Checkpoint.peek(sealed.note).body(), 1_790_000_000)
-        store_cosignature(ledger.engine, COUNT, witness.name, line, 1_790_000_000)
+        ledger.cosignatures.store(COUNT, witness.name, line, 1_790_000_000)
 
 
 @pytest.fixture()

@@ -157,17 +157,20 @@ def column_findings(leaf_index: int, record_id: str, canonical: bytes,
 def compare_columns(leaf_index: int, record_id: str, record: AuditRecord | Leaf,
                     stored: Mapping[str, Any], *, all_columns: bool = True
                     ) -> list[AuditFinding]:
+    columns = expected_columns(record)
+    said_at = columns["created_at"]
+    try:
+        stored_at: Any = naive_utc(said_at)
+    except (TypeError, ValueError):
+        stored_at = said_at  # an unparseable time can equal no stored datetime
+    if all_columns and stored == {**columns, "created_at": stored_at}:
+        return []  # every column at once (the usual row); else each is named below
     findings = []
-    for name, said in expected_columns(record).items():
+    for name, said in columns.items():
         if not all_columns and name not in stored:
             continue
         value = stored.get(name)
-        expected: Any = said
-        if name == "created_at":
-            try:
-                expected = naive_utc(said)
-            except (TypeError, ValueError):
-                expected = said  # an unparseable time can equal no stored datetime
+        expected = stored_at if name == "created_at" else said
         if value != expected:
             findings.append(AuditFinding(
                 COLUMN_MISMATCH, f"leaf {leaf_index} (record {record_id}): column {name} "

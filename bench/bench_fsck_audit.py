@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -96,15 +97,25 @@ def build(url: str, count: int, key_path: Path) -> None:
 
 def timed(command: list[str], code: Path = ROOT) -> tuple[float, str]:
     """Wall time and output of ``command`` run with the code of the checkout ``code``."""
+    elapsed, _, said = timed_cpu(command, code)
+    return elapsed, said
+
+
+def timed_cpu(command: list[str], code: Path = ROOT) -> tuple[float, float, str]:
+    """Wall time, CPU time (user + system: less swayed by other work on the machine)
+    and output of ``command`` run with the code of the checkout ``code``."""
     env = dict(os.environ, PYTHONPATH=str(code))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(command, cwd=code, env=env, capture_output=True, text=True,
                           check=False)
     elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n"
                          f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return elapsed, done.stdout
+    return elapsed, cpu, done.stdout
 
 
 def main() -> None:
@@ -159,15 +170,18 @@ def compare(other: Path, size: int, fsck_command: list[str], audit_command: list
     see the same load), ``rounds`` times; the medians and their ratio."""
     for name, command in (("log fsck", fsck_command), ("audit", audit_command)):
         walls: dict[Path, list[float]] = {other: [], ROOT: []}
+        cpus: dict[Path, list[float]] = {other: [], ROOT: []}
         for _ in range(rounds):
             for code in (other, ROOT):
-                elapsed, said = timed(command, code)
+                elapsed, cpu, said = timed_cpu(command, code)
                 assert name != "audit" or said.startswith("COMPLETE"), said[:300]
                 walls[code].append(elapsed)
-        before, after = (statistics.median(walls[code]) for code in (other, ROOT))
-        print(f"{name:9s} before {before:6.1f} s ({size / before:,.0f} rows/s), "
-              f"after {after:6.1f} s ({size / after:,.0f} rows/s): {before / after:.2f}x "
-              f"(median of {rounds}; load {os.getloadavg()[0]:.1f})")
+                cpus[code].append(cpu)
+        for what, times in (("wall", walls), ("CPU", cpus)):
+            before, after = (statistics.median(times[code]) for code in (other, ROOT))
+            print(f"{name:9s} {what:4s} before {before:6.1f} s ({size / before:,.0f} rows/s), "
+                  f"after {after:6.1f} s ({size / after:,.0f} rows/s): {before / after:.2f}x "
+                  f"(median of {rounds}; load {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,7 @@ def _window(args: argparse.Namespace) -> int:
     else:
         print(f"wrote the leaves [{answer.start}, {answer.end}) of the checkpoint of size "
               f"{answer.tree_size} ({vouched}) to {args.bundle}: {answer.in_window} in the "
-              f"window, {len(bundle.bodies)} v2 bodies ({left_out} of the range's v2 leaves "
-              "without theirs: another tenant's)")
+              f"window, {len(bundle.bodies)} v2 bodies"
+              + (f" ({left_out} of the range's v2 leaves without theirs: another tenant's)"
+                 if left_out else ""))
     return 0

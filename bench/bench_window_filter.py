@@ -5,17 +5,21 @@ side by side in one run.
 
 Builds a log of v2 leaves through the real writer (two tenants, one leaf every 50 ms, an
 environment of model A then, half-way, one of model B: ``tests.mixed_log``), seals one
-checkpoint, has a witness cosign it and publishes it to a directory. Then it runs
-``audit-ledger query --prove`` over the whole log, for each filter, in child processes
-alternately from the older revision (``git archive REV``) and from this tree, and prints
-the best wall time of each, their ratio, and that both gave the same answer. Wall times
-on a shared machine are noisy: the ratio of runs made in turn is what to compare.
+checkpoint, has a witness cosign it and publishes it to a directory. Then, for each
+filter, it runs the proved window behind ``audit-ledger query --prove``
+(``prove_filtered_window`` over the directory, timed after the imports) in child
+processes, in turn from this tree with ``--paths`` as they were at ``--old`` and from
+this tree as it is, and prints the best time of each, their ratio, and that both gave
+the same answer. Wall times on a shared machine are noisy: compare the ratio of runs
+made in turn.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,11 +42,13 @@ from tests.mixed_log import MODEL_B, append_all, mixed_leaves  # noqa: E402
 ORIGIN = "bench.audit-ledger/window-filter"
 BASE = datetime(2026, 11, 3, 0, 0, 0)
 STEP = timedelta(milliseconds=50)
-# The last revision before the v2 filter opened only the records that can match.
+# The last revision before the v2 filter opened only the records that can match, and
+# the files that change did.
 OLD = "bfca9e1007ed1a8b66f43d6998fbbe86fca7d836"
-CASES = (("tenant", ["--tenant", "bank-a"]),
-         ("model", ["--model-digest", MODEL_B]),
-         ("tenant + model", ["--tenant", "bank-a", "--model-digest", MODEL_B]))
+PATHS = ("ledger/client/proved_window.py", "ledger/client/tiles.py")
+CASES = (("tenant", {"tenant": "bank-a"}),
+         ("model", {"model_digest": MODEL_B}),
+         ("tenant + model", {"tenant": "bank-a", "model_digest": MODEL_B}))
 
 
 def build(folder: Path, count: int, signer: NoteSigner, witness: Cosigner) -> None:
@@ -58,18 +64,34 @@ def build(folder: Path, count: int, signer: NoteSigner, witness: Cosigner) -> No
         publish_latest(ledger, DirectorySink(folder / "tlog"))
 
 
-def run_query(tree: Path, args: list[str], env: dict[str, str], log: Path) -> tuple[float, str]:
-    """One ``query --prove`` from ``tree``'s code: (seconds, its last line)."""
-    started = time.perf_counter()
-    with open(log, "w") as out:
-        code = subprocess.call([sys.executable, "-m", "audit_cli.main", *args], cwd=tree,
-                               env=dict(env, PYTHONPATH=str(tree)), stdout=out,
-                               stderr=subprocess.STDOUT)
-    elapsed = time.perf_counter() - started
-    text = log.read_text()
-    if code != 0:
-        raise SystemExit(f"query --prove from {tree} failed ({code}):\n{text[-2000:]}")
-    return elapsed, text.strip().splitlines()[-1]
+# Run in a child from each revision's tree: the proved, filtered window through the
+# library, timed after the imports (so each revision's CLI start-up is not measured).
+DRIVER = """
+import json, sys, time
+from datetime import datetime
+from ledger.checkpoint import NoteVerifier
+from ledger.client.proved_window import prove_filtered_window
+from ledger.client.tiles import TiledLog, open_tiles
+tiles, key, since, until, filters = sys.argv[1:6]
+source = open_tiles(tiles)
+note = source.get("checkpoint")
+checkpoint = NoteVerifier.decode(key).open_checkpoint(note)
+started = time.perf_counter()
+answer, _ = prove_filtered_window(TiledLog(source, checkpoint, note),
+                                  datetime.fromisoformat(since),
+                                  datetime.fromisoformat(until), json.loads(filters))
+print(time.perf_counter() - started, answer.summary())
+"""
+
+
+def run_query(tree: Path, args: list[str], env: dict[str, str]) -> tuple[float, str]:
+    """One proved window from ``tree``'s code: (seconds, its answer)."""
+    done = subprocess.run([sys.executable, "-c", DRIVER, *args], cwd=tree,
+                          env=dict(env, PYTHONPATH=str(tree)), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the window from {tree} failed:\n{done.stderr[-2000:]}")
+    seconds, answer = done.stdout.strip().split(" ", 1)
+    return float(seconds), answer
 
 
 def main() -> None:
@@ -77,39 +99,44 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--old", default=OLD, help="the revision to compare with")
+    parser.add_argument("--paths", nargs="+", default=list(PATHS),
+                        help="the files taken from --old (the rest is this tree's, so "
+                             "other changes since do not blur the ratio)")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each, in turn")
     args = parser.parse_args()
+    if args.records < 12_100:  # the lag rule closes the window 6,020 leaves before the end
+        parser.error("--records: at least 12,100, so that model B's half reaches the window")
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         old = tmp / "old"
-        old.mkdir()
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.old, "ledger",
-                                  "audit_cli", "inference_wrapper"], check=True,
-                                 capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+        for package in ("ledger", "audit_cli", "inference_wrapper"):
+            shutil.copytree(ROOT / package, old / package,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        for path in args.paths:  # only these files as they were at --old
+            (old / path).write_bytes(subprocess.run(
+                ["git", "-C", str(ROOT), "show", f"{args.old}:{path}"], check=True,
+                capture_output=True).stdout)
+        print(f"old: this tree with {', '.join(args.paths)} as at {args.old[:12]}")
         signer = NoteSigner(ORIGIN, Ed25519PrivateKey.generate())
         witness = Cosigner("witness.bench", Ed25519PrivateKey.generate())
         started = time.perf_counter()
         build(tmp, args.records, signer, witness)
         print(f"built and published {args.records:,} v2 leaves in "
               f"{time.perf_counter() - started:.1f} s (setup)")
-        env = dict(os.environ, AUDIT_LEDGER_HOME=str(tmp / "home"), PYTHONUNBUFFERED="1")
+        env = dict(os.environ, AUDIT_LEDGER_HOME=str(tmp / "home"))
         until = BASE + STEP * (args.records - 1) - timedelta(minutes=5, seconds=1)
-        query = ["query", "--prove", "--no-state", "--limit", "5", "--tiles",
-                 str(tmp / "tlog"), "--since", BASE.isoformat(), "--until",
-                 until.isoformat(), "--log-key", signer.verifier().encode(), "--witness",
-                 witness.witness_key.encode()]
+        window = [str(tmp / "tlog"), signer.verifier().encode(), BASE.isoformat(),
+                  until.isoformat()]
         print(f"{'filter':<16}{'old s':>8}{'new s':>8}{'old/new':>9}  answer")
         for what, filters in CASES:
             best = {"old": float("inf"), "new": float("inf")}
             answers = set()
             for _ in range(args.rounds):
                 for label, tree in (("old", old), ("new", ROOT)):
-                    seconds, line = run_query(tree, [*query, *filters], env,
-                                              tmp / f"{label}.log")
+                    seconds, answer = run_query(tree, [*window, json.dumps(filters)], env)
                     best[label] = min(best[label], seconds)
-                    answers.add(line.split(" (signed")[0])
+                    answers.add(answer)
             if len(answers) != 1:
                 raise SystemExit(f"{what}: the two revisions answered differently: {answers}")
             print(f"{what:<16}{best['old']:>8.2f}{best['new']:>8.2f}"

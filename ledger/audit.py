@@ -12,6 +12,7 @@ Pure: rows come in as values; fetching them is the caller's business.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from ledger import merkle
 from ledger.canonical import parse_strict
 from ledger.checkpoint import Checkpoint
 from ledger.errors import LedgerError
+from ledger.leaves.batch_layouts import BatchLayouts
 from ledger.leaves.envelope import Leaf, is_envelope
 from ledger.leaves.environment import ENVIRONMENT_KIND, environment_columns
 from ledger.leaves.kinds import open_leaf
@@ -86,6 +88,7 @@ class AuditReport:
         return not self.findings
 
 
+@functools.lru_cache(maxsize=1024)  # a batch's records share their time
 def naive_utc(text: str) -> datetime:
     """RFC 3339 text as the mirror stores it: a naive UTC datetime."""
     moment = datetime.fromisoformat(text)
@@ -114,14 +117,15 @@ def open_record(canonical: bytes, *, strict: bool = False) -> AuditRecord:
     return AuditRecord(body, canonical, b"")  # the leaf hash is not needed here
 
 
-def open_row(canonical: bytes, body: bytes | None, origin: str, *, strict: bool = False
-             ) -> AuditRecord | Leaf:
+def open_row(canonical: bytes, body: bytes | None, origin: str, *, strict: bool = False,
+             layouts: BatchLayouts | None = None) -> AuditRecord | Leaf:
     """A row's leaf: a v1 record (``open_record``), or a v2 envelope opened with its body
-    (decision 0026)."""
+    (decision 0026). ``layouts``: a scan's, to open most v2 records by their batch's
+    layout (``open_leaf``)."""
     if is_envelope(canonical):
         if body is None:
             raise LedgerError("the leaf is a v2 envelope and the row holds no body")
-        return open_leaf(canonical, body, origin, strict=strict)
+        return open_leaf(canonical, body, origin, strict=strict, layouts=layouts)
     if body is not None:
         raise LedgerError("a v1 record's row holds a body")
     return open_record(canonical, strict=strict)
@@ -153,7 +157,6 @@ def column_findings(leaf_index: int, record_id: str, canonical: bytes,
 def compare_columns(leaf_index: int, record_id: str, record: AuditRecord | Leaf,
                     stored: Mapping[str, Any], *, all_columns: bool = True
                     ) -> list[AuditFinding]:
-    where = f"leaf {leaf_index} (record {record_id})"
     findings = []
     for name, said in expected_columns(record).items():
         if not all_columns and name not in stored:
@@ -167,20 +170,20 @@ def compare_columns(leaf_index: int, record_id: str, record: AuditRecord | Leaf,
                 expected = said  # an unparseable time can equal no stored datetime
         if value != expected:
             findings.append(AuditFinding(
-                COLUMN_MISMATCH,
-                f"{where}: column {name} is {_show(value)!r}, the record says {said!r}",
+                COLUMN_MISMATCH, f"leaf {leaf_index} (record {record_id}): column {name} "
+                f"is {_show(value)!r}, the record says {said!r}",
                 leaf_index, record_id, name, _show(value), _show(said)))
     return findings
 
 
 def _check_row(row: MirrorRow, report: AuditReport, origin: str,
                environments: Mapping[int, Mapping[str, Any]] | None,
-               environment_leaves: dict[int, Leaf], starts: dict[str, StartFacts]
-               ) -> datetime | None:
+               environment_leaves: dict[int, Leaf], starts: dict[str, StartFacts],
+               layouts: BatchLayouts) -> datetime | None:
     """Compare the row's columns with its bytes; returns the record's own time."""
     stored = dict(row.columns or {}, record_id=row.record_id, created_at=row.created_at)
     try:
-        record = open_row(row.canonical, row.body, origin)
+        record = open_row(row.canonical, row.body, origin, layouts=layouts)
     except LedgerError as exc:
         report.findings.append(AuditFinding(
             RECORD_UNPARSEABLE, f"leaf {row.leaf_index} (record {row.record_id}): stored "
@@ -282,6 +285,7 @@ def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: dateti
     report = AuditReport(checkpoint.size)
     environment_leaves: dict[int, Leaf] = {}
     starts: dict[str, StartFacts] = {}  # stream starts not yet completed, by record id
+    layouts = BatchLayouts()  # opens most records by their batch's layout (same rules)
     compact = merkle.CompactRange()
     expected = 0
     for row in rows:
@@ -295,7 +299,7 @@ def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: dateti
         # Columns are checked on every row, covered or not: they must say what the
         # bytes say whether or not a checkpoint vouches for the bytes yet.
         moment = _check_row(row, report, checkpoint.origin, environments, environment_leaves,
-                            starts)
+                            starts, layouts)
         if row.leaf_index >= checkpoint.size:
             if since <= row.created_at < until:
                 report.uncovered += 1

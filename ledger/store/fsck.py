@@ -43,6 +43,7 @@ from ledger.audit import (
 from ledger.checkpoint import Checkpoint, NoteVerifier
 from ledger.cosignature import well_formed_line
 from ledger.errors import LedgerError
+from ledger.leaves.batch_layouts import BatchLayouts
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.environment import ENVIRONMENT_KIND
 from ledger.leaves.stream_link import StartFacts
@@ -95,6 +96,7 @@ def fsck(
     row = next(rows, None)
     environment_leaves: dict[int, Leaf] = {}  # those seen so far (rows in leaf order)
     starts: dict[str, StartFacts] = {}  # stream starts not yet completed, by record id
+    layouts = BatchLayouts()  # opens most records by their batch's layout (same rules)
 
     for start in range(0, size, BATCH):
         end = min(start + BATCH, size)
@@ -113,7 +115,8 @@ def fsck(
                 report.findings.append(Finding("record_missing", f"leaf {index}",
                                                "log entry with no mirror row"))
             else:
-                _check_row(row, leaf, report, verifier.name, environment_leaves, starts)
+                _check_row(row, leaf, report, verifier.name, environment_leaves, starts,
+                           layouts)
                 report.records_checked += 1
                 row = next(rows, None)
             created.extend(node for node in compact.append(leaf) if node[0][0] > 0)
@@ -230,7 +233,8 @@ def _check_anchors(anchor_rows: list[AnchoredCheckpoint], verifier: NoteVerifier
 
 
 def _check_row(row: RecordRow, leaf: bytes, report: FsckReport, origin: str,
-               environment_leaves: dict[int, Leaf], starts: dict[str, StartFacts]) -> None:
+               environment_leaves: dict[int, Leaf], starts: dict[str, StartFacts],
+               layouts: BatchLayouts) -> None:
     where = f"leaf {row.leaf_index} (record {row.record_id})"
     if merkle.hash_leaf(row.canonical) != leaf:
         report.findings.append(Finding("record_altered", where,
@@ -238,7 +242,7 @@ def _check_row(row: RecordRow, leaf: bytes, report: FsckReport, origin: str,
         return
     body = row.body  # inflated once: the leaf is opened once for every check below
     try:
-        opened = open_row(row.canonical, body, origin, strict=True)
+        opened = open_row(row.canonical, body, origin, strict=True, layouts=layouts)
     except LedgerError as exc:
         report.findings.append(Finding(RECORD_UNPARSEABLE, where,
                                        f"stored bytes are not a record: {exc}"))

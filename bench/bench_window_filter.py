@@ -104,6 +104,8 @@ def main() -> None:
                              "other changes since do not blur the ratio)")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each, in turn")
     args = parser.parse_args()
+    if args.records < 12_100:  # the lag rule closes the window 6,020 leaves before the end
+        parser.error("--records: at least 12,100, so that model B's half reaches the window")
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)

@@ -107,10 +107,10 @@ class Bundle:
                 "consistency": [h.hex() for h in self.anchor_consistency]},
             "consistency_from": {str(size): [h.hex() for h in proof]
                                  for size, proof in sorted(self.consistency_from.items())},
-            "entries": [_entry_json(e) for e in self.entries],
-            **({"environments": _leaves_json(self.environments)}
+            "entries": [entry_json(e) for e in self.entries],
+            **({"environments": leaves_json(self.environments)}
                if self.environments else {}),
-            **({"stream_starts": _leaves_json(self.stream_starts)}
+            **({"stream_starts": leaves_json(self.stream_starts)}
                if self.stream_starts else {}),
         }
 
@@ -189,7 +189,7 @@ class Bundle:
             )
 
 
-def _entry_json(entry: BundleEntry) -> dict[str, Any]:
+def entry_json(entry: BundleEntry) -> dict[str, Any]:
     result: dict[str, Any] = {"record_id": entry.record_id, "leaf_index": entry.leaf_index,
                               "canonical": base64.b64encode(entry.canonical).decode(),
                               "inclusion_proof": [h.hex() for h in entry.inclusion_proof]}
@@ -201,7 +201,7 @@ def _entry_json(entry: BundleEntry) -> dict[str, Any]:
     return result
 
 
-def _leaves_json(leaves: Mapping[int, LeafEvidence]) -> dict[str, Any]:
+def leaves_json(leaves: Mapping[int, LeafEvidence]) -> dict[str, Any]:
     return {str(index): {"envelope": base64.b64encode(leaf.envelope).decode(),
                          "body": base64.b64encode(leaf.body).decode(),
                          "inclusion_proof": [h.hex() for h in leaf.inclusion_proof]}

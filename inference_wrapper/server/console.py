@@ -22,10 +22,9 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from html import escape
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
-from sqlalchemy import select
 
 from inference_wrapper.server.access import readable_tenant
 from inference_wrapper.server.appkeys import INTEGRATOR, KEYS, LEDGER, SETTINGS, SIGNER
@@ -79,9 +78,7 @@ from ledger.client.sources import RecordNotFoundError, gather
 from ledger.errors import BackendError, InvalidInputError
 from ledger.leaves.mirror import LOG_WIDE_TENANT
 from ledger.store.log_api import RecordRow
-from ledger.store.mirror import MirrorPage
-from ledger.store.schema import anchors, api_keys, checkpoints
-from ledger.store.sql import SqlLedger
+from ledger.store.mirror import MirrorPage, SqlMirror
 
 SESSION_COOKIE = "alc_session"
 LOGIN_COOKIE = "alc_login_csrf"
@@ -125,14 +122,6 @@ def _client(request: web.Request) -> ClientView:
                        request.app[STATE].proxies)
 
 
-def _key_active(ledger: SqlLedger, key_id: str) -> bool:
-    """A session lives only as long as its key: revoking the key ends it."""
-    with ledger.engine.connect() as conn:
-        row = conn.execute(select(api_keys.c.revoked_at)
-                           .where(api_keys.c.key_id == key_id)).first()
-    return row is not None and row.revoked_at is None
-
-
 async def current_session(request: web.Request) -> Session | None:
     token = request.cookies.get(SESSION_COOKIE)
     if not token:
@@ -140,7 +129,7 @@ async def current_session(request: web.Request) -> Session | None:
     session = _codec(request).open(token)
     if session is None:
         return None
-    if not await asyncio.to_thread(_key_active, request.app[LEDGER], session.key_id):
+    if not await asyncio.to_thread(request.app[KEYS].is_active, session.key_id):
         return None
     return session
 
@@ -254,12 +243,20 @@ def search_error(exc: BadField | InvalidInputError, session: Session,
     return error_page(400, title, exc.reason, session, field=exc.field)
 
 
-def page_of(ledger: SqlLedger, search: Search, limit: int, cursor: str | None) -> MirrorPage:
+class MirroredLog(Protocol):
+    """What the console's searches, exports and plots read: the mirror's queries."""
+
+    @property
+    def mirror(self) -> SqlMirror: ...
+
+
+def page_of(ledger: MirroredLog, search: Search, limit: int, cursor: str | None
+            ) -> MirrorPage:
     return ledger.mirror.page(limit=limit, cursor=cursor, order=search.order,
                               **search.mirror_terms())
 
 
-def count_of(ledger: SqlLedger, search: Search) -> int:
+def count_of(ledger: MirroredLog, search: Search) -> int:
     return ledger.mirror.count(**search.mirror_terms())
 
 
@@ -443,7 +440,7 @@ async def record_page(request: web.Request) -> web.Response:
 # --- plots -----------------------------------------------------------------------------
 
 
-def _plot_points(ledger: SqlLedger, since: datetime, until: datetime,
+def _plot_points(ledger: MirroredLog, since: datetime, until: datetime,
                  tenant: str | None) -> list[Point]:
     points: list[Point] = []
     cursor: str | None = None
@@ -458,18 +455,6 @@ def _plot_points(ledger: SqlLedger, since: datetime, until: datetime,
     return points[:PLOT_MAX_RECORDS]
 
 
-def anchor_lag(ledger: SqlLedger, since: datetime, until: datetime
-               ) -> list[tuple[datetime, float]]:
-    """Seconds from sealing each checkpoint to anchoring it, for anchors in the range."""
-    statement = (select(anchors.c.anchored_at, checkpoints.c.sealed_at)
-                 .join(checkpoints, checkpoints.c.size == anchors.c.size)
-                 .where(anchors.c.anchored_at >= since, anchors.c.anchored_at < until)
-                 .order_by(anchors.c.anchored_at))
-    with ledger.engine.connect() as conn:
-        return [(row.anchored_at, max(0.0, (row.anchored_at - row.sealed_at).total_seconds()))
-                for row in conn.execute(statement)]
-
-
 async def plots_page(request: web.Request) -> web.Response:
     session = await current_session(request)
     if session is None:
@@ -482,7 +467,7 @@ async def plots_page(request: web.Request) -> web.Response:
     since = search.since or until - timedelta(hours=24)
     points = await asyncio.to_thread(_plot_points, request.app[LEDGER], since, until,
                                      session.scope)
-    lag = await asyncio.to_thread(anchor_lag, request.app[LEDGER], since, until)
+    lag = await asyncio.to_thread(request.app[LEDGER].mirror.anchor_lags, since, until)
     changes = fingerprint_changes(points)
     labels = dict(TIMELINE_FIELDS)
     change_rows = "".join(

@@ -29,7 +29,7 @@ from inference_wrapper.server.console_search import BadField, parse_search
 from ledger.checkpoint import NoteVerifier
 from ledger.client.proved_window import prove_window_from
 from ledger.errors import InvalidInputError, VerificationError
-from ledger.store.log_api import TiledLog
+from ledger.store.log_api import PublishableLog
 from ledger.store.tile_reads import StoreTiles
 from ledger.witness.client import parse_witnesses
 from ledger.witness.cosignatures import cosigned_note
@@ -43,7 +43,7 @@ NOTICE = ("<p id=\"operator-hosted\">This is the operator-hosted proof: the oper
           "</code>.</p>")
 
 
-def prove(ledger: TiledLog, verifier: NoteVerifier, witness_setting: str, since: datetime,
+def prove(ledger: PublishableLog, verifier: NoteVerifier, witness_setting: str, since: datetime,
           until: datetime, filters: dict[str, str]) -> str:
     """The answer's sentence: complete (and how the checkpoint is vouched for), or why
     it cannot be proven. Raises nothing a caller must map: every refusal is a sentence."""

@@ -12,7 +12,7 @@ from ledger.bundle import Bundle, BundleEntry
 from ledger.checkpoint import Checkpoint
 from ledger.client.sources import RecordNotFoundError, ServerSource, named_start_id
 from ledger.errors import BackendError
-from ledger.store.log_api import EvidenceLog
+from ledger.store.log_api import EvidenceLog, RecordRow
 from ledger.store.mirror import MirrorPages
 from ledger.verify import LeafEvidence
 from ledger.witness.cosignatures import cosigned_note
@@ -39,32 +39,12 @@ def export_from_log(ledger: BundledLog, since: datetime | None, until: datetime 
     if latest is None:
         raise BackendError("the log has no checkpoint yet")
     entries: list[BundleEntry] = []
-    environments: dict[int, LeafEvidence] = {}
-    starts: dict[int, LeafEvidence] = {}
+    named = NamedLeaves(ledger, latest.size)
     cursor: str | None = None
     while True:
         found = ledger.mirror.page(since=since, until=until, limit=1000, cursor=cursor,
                                    filters=filters)
-        for row in found.rows:
-            if row.leaf_index < latest.size:
-                start_id = named_start_id(row.body)
-                start = None if start_id is None else ledger.get_record(start_id)
-                start_index = None if start is None else start.leaf_index
-                entries.append(BundleEntry(row.record_id, row.leaf_index, row.canonical,
-                                           ledger.inclusion_proof(row.leaf_index, latest.size),
-                                           row.body, row.environment_index, start_index))
-                if start is not None and start.body is not None \
-                        and start.leaf_index < latest.size:
-                    starts[start.leaf_index] = LeafEvidence(
-                        start.leaf_index, start.canonical, start.body,
-                        ledger.inclusion_proof(start.leaf_index, latest.size))
-                index = row.environment_index
-                if index is not None and index not in environments:  # each once
-                    named = ledger.record_at(index)
-                    if named is not None and named.body is not None:
-                        environments[index] = LeafEvidence(
-                            index, named.canonical, named.body,
-                            ledger.inclusion_proof(index, latest.size))
+        entries += [named.entry(row) for row in found.rows if row.leaf_index < latest.size]
         if progress:
             progress(len(entries), None)
         cursor = found.next_cursor
@@ -83,7 +63,39 @@ def export_from_log(ledger: BundledLog, since: datetime | None, until: datetime 
     origin = latest.note.split(b"\n", 1)[0].decode()
     return Bundle(origin, log_key, cosigned_note(ledger, latest.size, latest.note), entries,
                   anchored.note if anchored else None, anchored.ref if anchored else None,
-                  consistency, proofs_from, environments, starts)
+                  consistency, proofs_from, named.environments, named.starts)
+
+
+class NamedLeaves:
+    """Bundle entries for mirror rows at one checkpoint size, and the other leaves their
+    v2 records name (environment leaves, stream starts), each gathered once with its
+    inclusion proof: a bundle carries them beside the entries."""
+
+    def __init__(self, ledger: BundledLog, size: int) -> None:
+        self.ledger, self.size = ledger, size
+        self.environments: dict[int, LeafEvidence] = {}
+        self.starts: dict[int, LeafEvidence] = {}
+
+    def entry(self, row: RecordRow) -> BundleEntry:
+        start_id = named_start_id(row.body)
+        start = None if start_id is None else self.ledger.get_record(start_id)
+        if start is not None and start.leaf_index < self.size:
+            self._keep(self.starts, start)
+        index = row.environment_index
+        if index is not None and index not in self.environments:
+            environment = self.ledger.record_at(index)
+            if environment is not None:
+                self._keep(self.environments, environment)
+        return BundleEntry(row.record_id, row.leaf_index, row.canonical,
+                           self.ledger.inclusion_proof(row.leaf_index, self.size),
+                           row.body, row.environment_index,
+                           None if start is None else start.leaf_index)
+
+    def _keep(self, leaves: dict[int, LeafEvidence], row: RecordRow) -> None:
+        if row.body is not None and row.leaf_index not in leaves:
+            leaves[row.leaf_index] = LeafEvidence(
+                row.leaf_index, row.canonical, row.body,
+                self.ledger.inclusion_proof(row.leaf_index, self.size))
 
 
 def export_from_server(base_url: str, api_key: str, since: datetime | None,

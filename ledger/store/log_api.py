@@ -2,7 +2,7 @@
 the tree, its checkpoints and its leaves, ``CheckpointSealer`` signs a new tree head;
 ``AnchorStore`` and ``CosignatureStore`` keep what anchors and witnesses said of it, and
 ``TileReads`` reads it as tiles; a log hands them out as ``anchors``, ``cosignatures`` and
-``tiles`` (``AnchoredLog``, ``CosignedLog``, ``TiledLog``).
+``tiles`` (``AnchoredLog``, ``CosignedLog``, ``PublishableLog``).
 
 Callers that only need a role take that Protocol, so the SQL drivers
 (``ledger.store.sql.SqlLedger``, SQLite and PostgreSQL) and the in-memory twin
@@ -293,7 +293,7 @@ class CosignedLog(LogReader, Protocol):
     def cosignatures(self) -> CosignatureStore: ...
 
 
-class TiledLog(CosignedLog, Protocol):
+class PublishableLog(CosignedLog, Protocol):
     """A cosigned log that is read (and published) as tiles."""
 
     @property

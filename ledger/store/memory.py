@@ -252,8 +252,8 @@ class _MemoryTiles:
 
 if TYPE_CHECKING:  # mypy holds the twin to every role's Protocol
     from ledger.store.identity import IdentityStore
-    from ledger.store.log_api import Appender, CheckpointSealer, EvidenceLog, TiledLog
+    from ledger.store.log_api import Appender, CheckpointSealer, EvidenceLog, PublishableLog
 
-    def _plays_every_role(log: MemoryLog) -> tuple[Appender, EvidenceLog, TiledLog,
+    def _plays_every_role(log: MemoryLog) -> tuple[Appender, EvidenceLog, PublishableLog,
                                                     CheckpointSealer, IdentityStore]:
         return log, log, log, log, log

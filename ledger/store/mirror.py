@@ -164,6 +164,18 @@ class SqlMirror:
         return {n: sorted({str(v) for v in (row._mapping[n] for row in found)
                            if v is not None}) for n in names}
 
+    def anchor_lags(self, since: datetime, until: datetime) -> list[tuple[datetime, float]]:
+        """Seconds from sealing each checkpoint to anchoring it, for the anchors made in
+        [since, until) (the console's plot)."""
+        statement = (select(anchors.c.anchored_at, checkpoints.c.sealed_at)
+                     .join(checkpoints, checkpoints.c.size == anchors.c.size)
+                     .where(anchors.c.anchored_at >= since, anchors.c.anchored_at < until)
+                     .order_by(anchors.c.anchored_at))
+        with self.engine.connect() as conn:
+            return [(row.anchored_at,
+                     max(0.0, (row.anchored_at - row.sealed_at).total_seconds()))
+                    for row in conn.execute(statement)]
+
     def iter_records(self, start: int = 0, end: int | None = None,
                      batch: int = 5000) -> Iterator[RecordRow]:
         """Every mirror row with ``start <= leaf_index < end``, in index order.

@@ -777,8 +777,8 @@ def _checkpoint(row: Any) -> StoredCheckpoint:
 
 if TYPE_CHECKING:  # mypy holds the driver to every role's Protocol
     from ledger.store.identity import IdentityStore
-    from ledger.store.log_api import Appender, CheckpointSealer, EvidenceLog, TiledLog
+    from ledger.store.log_api import Appender, CheckpointSealer, EvidenceLog, PublishableLog
 
-    def _plays_every_role(ledger: SqlLedger) -> tuple[Appender, EvidenceLog, TiledLog,
+    def _plays_every_role(ledger: SqlLedger) -> tuple[Appender, EvidenceLog, PublishableLog,
                                                        CheckpointSealer, IdentityStore]:
         return ledger, ledger, ledger, ledger, ledger

@@ -11,12 +11,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from inference_wrapper.server.journal import WatchedJournal
 from inference_wrapper.server.replica import last_seal
+from ledger import merkle, tiles
 from ledger.anchor.local import LocalAnchor
 from ledger.anchor.worker import AnchorWorker
 from ledger.checkpoint import Checkpoint, NoteSigner
 from ledger.client.database import DatabaseSource
 from ledger.cosignature import Cosigner
 from ledger.errors import DuplicateRecordError, LogIdentityError
+from ledger.publish.directory import DirectorySink
+from ledger.publish.worker import publish_latest
 from ledger.record import AuditRecord
 from ledger.store.fsck import fsck
 from ledger.store.keys import KEY_PATH_SETTING, load_or_create_signer, open_log_identity
@@ -106,3 +109,20 @@ def test_the_served_note_carries_well_formed_cosignatures_on_the_twin() -> None:
     line = Cosigner("w-a", Ed25519PrivateKey.generate()).cosign(latest.note, 7)
     log.cosignatures.store(latest.size, "w-a", line, 7)
     assert cosigned_note(log, latest.size, latest.note) == latest.note + line.encode()
+
+
+def test_the_publisher_publishes_the_twin_as_tiles(tmp_path: Path) -> None:
+    log, _, _ = _sealed_twin(300)  # one full tile of 256 and a partial one of 44
+    sink = DirectorySink(tmp_path)
+    assert publish_latest(log, sink) == 300
+    latest = log.latest_checkpoint()
+    assert latest is not None and sink.get(tiles.CHECKPOINT_PATH) == latest.note
+    hashes = tiles.split_tile(sink.get("tile/0/000") or b"", 256)
+    hashes += tiles.split_tile(sink.get("tile/0/001.p/44") or b"", 44)
+
+    def nothing_outside(lo: int, hi: int) -> bytes:
+        raise AssertionError(f"every leaf was given, yet [{lo}, {hi}) was asked for")
+
+    tiles.check_leaves(300, latest.root, 0, 300, hashes, nothing_outside)  # raises if not
+    entries = tiles.decode_bundle(sink.get("tile/entries/000") or b"", 256)
+    assert [merkle.hash_leaf(e) for e in entries] == hashes[:256]

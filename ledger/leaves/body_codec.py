@@ -39,14 +39,10 @@ _FORMAT_1 = b"\x01"
 _WBITS = -12  # raw deflate, 4 KB window: a body and the dictionary fit
 
 
-# Primed once with the dictionary; each body deflates with a copy of it, which gives the
-# same bytes as a fresh compressor and costs less than loading the dictionary every time.
-_PRIMED_1 = zlib.compressobj(1, zlib.DEFLATED, _WBITS, 4, zlib.Z_DEFAULT_STRATEGY, DICTIONARY_1)
-
-
 def pack_body(body: bytes) -> bytes:
     """The stored form of a body."""
-    packer = _PRIMED_1.copy()
+    packer = zlib.compressobj(1, zlib.DEFLATED, _WBITS, 4, zlib.Z_DEFAULT_STRATEGY,
+                              DICTIONARY_1)
     return _FORMAT_1 + packer.compress(body) + packer.flush()
 
 

@@ -323,15 +323,3 @@ def test_a_batch_is_the_same_bytes_as_its_records_built_one_by_one() -> None:
             build_records_v2(**shared, batch_id="d" * 32, padded_length=8,
                              padding_side="left", generation={}, timings_ms={}, rows=bad)
         assert caught.value.field == field
-
-
-def test_a_body_packs_as_a_fresh_format_1_compressor_packs_it_every_time() -> None:
-    """The primed compressor is copied, never used itself: each body packs to the bytes a
-    fresh compressor with the dictionary gives, whatever was packed before it."""
-    import zlib
-
-    bodies = [VECTORS["leaves"][name]["body"].encode() for name in ("record", "environment")]
-    for body in bodies + bodies[::-1] + [b"", b"x" * 5000]:
-        fresh = zlib.compressobj(1, zlib.DEFLATED, -12, 4, zlib.Z_DEFAULT_STRATEGY,
-                                 body_codec.DICTIONARY_1)
-        assert body_codec.pack_body(body) == b"\x01" + fresh.compress(body) + fresh.flush()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 
-from audit_cli.local_console import LocalConsole, serve_console
 from inference_wrapper.server.console_pages import verification_code_digest
 from ledger.client.sources import ServerSource
 from ledger.errors import InvalidInputError
@@ -37,6 +36,10 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInputError("--api-key", "is required (or set AUDIT_LEDGER_API_KEY)")
     if not 0 <= args.port <= 65535:
         raise InvalidInputError("--port", "must be from 0 to 65535")
+    # Imported here: the search form reads the mirror's cursor rules (SQLAlchemy), which
+    # every other command's start-up need not pay for.
+    from audit_cli.local_console import LocalConsole, serve_console
+
     console = LocalConsole(ServerSource(args.server, args.api_key))
     server = serve_console(console, args.port)
     port = server.server_address[1]

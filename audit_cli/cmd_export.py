@@ -24,15 +24,17 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "repeatable)")
     parser.add_argument("--window", action="store_true",
                         help="write a window bundle: every leaf of [--since, --until)'s "
-                             "range read through --tiles, proven complete, for 'verify "
-                             "--bundle' offline")
+                             "range read through --tiles, proven complete, with the v2 "
+                             "bodies the key may read (--tenant: that tenant's and the "
+                             "log-wide ones), for 'verify --bundle' offline")
     add_window_options(parser)
     add_key_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from ledger.checkpoint import Checkpoint
-    from ledger.client.exporter import export_from_db, export_from_server
+    from ledger.client.exporter import export_from_log, export_from_server
+    from ledger.store.sql import SqlLedger
 
     if args.window:
         return _window(args)
@@ -43,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInputError("--since-size", "must be >= 0")
     progress = progress_printer("exported")
     if args.db:
-        bundle = export_from_db(args.db, since, until, filters, progress=progress,
-                                since_size=min(args.since_size, default=None))
+        with SqlLedger(args.db) as ledger:
+            bundle = export_from_log(ledger, since, until, filters, progress=progress,
+                                     since_size=min(args.since_size, default=None))
     else:
         if not args.api_key:
             raise InvalidInputError("--api-key", "is required with --server")
@@ -63,29 +66,29 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _window(args: argparse.Namespace) -> int:
-    from ledger.tiles import root_with_leaves
-    from ledger.window_bundle import WindowBundle
+    from ledger.client.window_export import export_window
+    from ledger.leaves.envelope import tenant_tag
 
     since, until, filters = filters_from(args)
+    others = sorted(set(filters) - {"tenant"})
+    if others:  # the bundle holds the whole window; verify applies the filters
+        raise InvalidInputError(f"--{others[0].replace('_', '-')}", "a window bundle holds "
+                                "every leaf of the window: give this filter to verify")
     answer, log, entries, vouched = prove_from_tiles(args, since, until, {})
-    nodes: dict[tuple[int, int], bytes] = {}
-
-    def outside(level: int, idx: int) -> bytes:
-        nodes[(level, idx)] = log.nodes.node(level, idx)
-        return nodes[(level, idx)]
-
-    from ledger import merkle
-
-    root_with_leaves(log.size, answer.start, [merkle.hash_leaf(e) for e in entries], outside)
     assert since is not None and until is not None
-    bundle = WindowBundle(log.note, since, until, answer.start, answer.end,
-                          list(enumerate(entries, start=answer.start)), nodes)
+    # --tenant: that tenant's bodies and the log-wide ones; else every one the key may read
+    tags = ({tenant_tag(log.checkpoint.origin, filters["tenant"]), None}
+            if "tenant" in filters else None)
+    bundle, left_out = export_window(log, since, until, answer, entries, tags)
     args.bundle.write_text(bundle.dumps())
     if args.json:
         print_json({"bundle": str(args.bundle), "start": answer.start, "end": answer.end,
-                    "in_window": answer.in_window, "tree_size": answer.tree_size})
+                    "in_window": answer.in_window, "tree_size": answer.tree_size,
+                    "bodies": len(bundle.bodies), "bodies_left_out": left_out})
     else:
         print(f"wrote the leaves [{answer.start}, {answer.end}) of the checkpoint of size "
               f"{answer.tree_size} ({vouched}) to {args.bundle}: {answer.in_window} in the "
-              "window")
+              f"window, {len(bundle.bodies)} v2 bodies"
+              + (f" ({left_out} of the range's v2 leaves without theirs: another tenant's)"
+                 if left_out else ""))
     return 0

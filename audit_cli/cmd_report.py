@@ -532,10 +532,12 @@ def run(args: argparse.Namespace) -> int:
     digest = "sha256:" + hashlib.sha256(html).hexdigest()
     (args.out / "report.html.sha256").write_text(f"{digest}  report.html\n")
     # Beside the report, the machine-verifiable evidence of the same scope.
-    from ledger.client.exporter import export_from_db
+    from ledger.client.exporter import export_from_log
+    from ledger.store.sql import SqlLedger
 
-    bundle = export_from_db(args.db, data.since, data.until,
-                            {"tenant": args.tenant} if args.tenant else {})
+    with SqlLedger(args.db) as ledger:
+        bundle = export_from_log(ledger, data.since, data.until,
+                                 {"tenant": args.tenant} if args.tenant else {})
     (args.out / "bundle.json").write_text(bundle.dumps())
     if args.pdf:
         print_pdf(report, args.out / "report.pdf")

@@ -481,12 +481,14 @@ def _verify_window(args: argparse.Namespace, verifier: NoteVerifier) -> int:
     (and witnessed) checkpoint; filters (--tenant etc.) applied locally."""
     from audit_cli.filters import FILTERS
     from audit_cli.windows import leaf_filter, trusted_checkpoint
-    from ledger.window_bundle import WindowBundle, check_bundle
+    from ledger.window_bundle import BundleReader, WindowBundle, check_bundle
 
     bundle = WindowBundle.loads(args.bundle.read_text(encoding="utf-8"))
     checkpoint, vouched = trusted_checkpoint(args, verifier, bundle.checkpoint)
     filters = {n: getattr(args, n) for n in FILTERS if getattr(args, n, None)}
-    answer = check_bundle(bundle, checkpoint, leaf_filter(filters, checkpoint.origin))
+    reader = BundleReader(bundle, checkpoint)  # its bodies, checked as the filter reads them
+    answer = check_bundle(bundle, checkpoint, leaf_filter(filters, checkpoint.origin, reader),
+                          reader)
     if args.json:
         print_json({"complete": True, "start": answer.start, "end": answer.end,
                     "in_window": answer.in_window, "matched": len(answer.matched),

@@ -19,7 +19,6 @@ import secrets
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
-from html import escape
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -32,18 +31,19 @@ from inference_wrapper.server.console_pages import (
     mirror_rows,
     page_html,
     record_main,
-    result_row,
     static_asset,
-    template,
+)
+from inference_wrapper.server.console_search import (
+    BadField,
+    error_notice,
+    page_links,
+    parse_search,
+    search_main,
 )
 from ledger.client.sources import RecordNotFoundError, ServerSource, gather
 from ledger.errors import BackendError, BackendUnavailableError, InvalidInputError
 
 COOKIE = "alc_local"
-FILTERS = {"tenant": "tenant", "model_digest": "model digest",
-           "accelerator_model": "accelerator", "driver_version": "driver",
-           "service_revision": "service revision"}
-PAGE_LIMIT_MAX = 500
 NAV = '<nav><a href="/console">records</a> <span class="who">your own install</span></nav>'
 
 
@@ -101,28 +101,26 @@ class LocalConsole:
         return error_answer(404, "Not found", "no such page")
 
     def search(self, query: dict[str, str]) -> Answer:
-        params = {k: v.strip() for k, v in query.items()
-                  if k in (*FILTERS, "since", "until", "cursor", "limit") and v.strip()}
-        limit = params.get("limit", "50")
-        if not limit.isdigit() or not 1 <= int(limit) <= PAGE_LIMIT_MAX:
-            return error_answer(400, "Bad search", f"must be a whole number from 1 to "
-                                f"{PAGE_LIMIT_MAX}", "limit")
-        params["limit"] = limit
-        page = self.source.get("/v1/records", **params)
-        rows = page.get("records") or []
-        next_cursor = page.get("next_cursor")
-        inputs = "".join(f'<label>{escape(label)} <input name="{name}" '
-                         f'value="{escape(params.get(name, ""))}"></label>'
-                         for name, label in FILTERS.items())
-        more = ""
-        if next_cursor:
-            href = "/console?" + urllib.parse.urlencode({**params, "cursor": next_cursor})
-            more = f'<a id="next-page" href="{escape(href)}">next page</a>'
-        main = template("search.html").substitute(
-            since=escape(params.get("since", "")), until=escape(params.get("until", "")),
-            limit=limit, inputs=inputs, rows="".join(result_row(r) for r in rows),
-            count=len(rows), more=more, total="",
-            exports="export them with <code>audit-ledger export --server</code>")
+        """The operator console's search form, asked of the operator's API (decision
+        0047): the same filters, partial match, orders, total and pick-lists. A refused
+        search keeps the form as typed, with the error beside it."""
+        try:
+            known = self.source.get("/v1/known-values")
+        except RecordNotFoundError:  # an operator's service older than the route
+            known = {}
+        try:
+            search = parse_search(query)
+            found = self.source.get("/v1/records", **search.api_query())
+        except (BadField, InvalidInputError) as exc:
+            status, notice = error_notice(exc)
+            return html_answer(status, "Bad search",
+                               notice + search_main(query, known, [], None, "", ""))
+        rows = found.get("records") or []
+        total = found.get("total")
+        main = search_main(search.typed(), known, rows, total if isinstance(total, int) else
+                           None, "export them with <code>audit-ledger export --server</code>",
+                           page_links(search, found.get("previous_cursor"),
+                                      found.get("next_cursor")))
         return html_answer(200, "Records", main)
 
     def record(self, record_id: str) -> Answer:

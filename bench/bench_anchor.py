@@ -34,12 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ledger.anchor.fabric import FabricAnchor, FabricGateway, Identity  # noqa: E402
-from ledger.anchor.store import AnchoredCheckpoint, SqlAnchorStore  # noqa: E402
 from ledger.anchor.worker import AnchorWorker  # noqa: E402
 from ledger.record import build_record  # noqa: E402
+from ledger.store.anchors import SqlAnchorStore  # noqa: E402
 from ledger.store.integrator import Integrator  # noqa: E402
 from ledger.store.keys import load_or_create_signer  # noqa: E402
-from ledger.store.log_api import StoredCheckpoint  # noqa: E402
+from ledger.store.log_api import AnchoredCheckpoint, StoredCheckpoint  # noqa: E402
 from ledger.store.migrate import upgrade  # noqa: E402
 from ledger.store.sql import SqlLedger  # noqa: E402
 

@@ -1,7 +1,7 @@
 """The audit work of one call, in CPU time, at batch size 1 and 32, for v1 records and for
 audit-record/v2 leaves side by side (issue 10's <= 0.1 ms; issue 20's v2 <= 60 us at 32).
 
-    .venv/bin/python bench/bench_audit_work.py [--calls 3200] [--rounds 5]
+    .venv/bin/python bench/bench_audit_work.py [--calls 3200] [--rounds 5] [--sizes 1,32]
 
 CPU time (``time.process_time``: every thread of this process, sleeps and fsync waits
 excluded) rather than wall time, so a busy machine slows the figures less than it blurs
@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=3200, help="calls per round and size")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--sizes", default="1,32", help="batch sizes, comma-separated")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -59,7 +60,7 @@ def main() -> None:
             v2 = LogBinding("bench.audit-ledger/log")
             v2.bind(generator.environment(),
                     EnvironmentRef(receipt.leaf_index, environment.leaf_hash))
-            for size in (1, 32):
+            for size in (int(s) for s in args.sizes.split(",")):
                 for log in (None, v2):
                     measure_size(generator, ledger, params, size, args.calls, args.rounds,
                                  log)

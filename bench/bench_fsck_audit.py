@@ -10,8 +10,8 @@ the real writer (``SqlLedger``, groups of 4096, synchronous=NORMAL: the build is
 measurement), one checkpoint sealed at the end and anchored locally. Then it runs
 ``audit-ledger log fsck`` and ``audit-ledger audit`` over the whole log in child
 processes and prints the wall time of each, rows/s, and the command to repeat it.
-Wall times on a shared machine are noisy: run it under ``nice`` and compare runs made
-side by side.
+Wall times on a shared machine are noisy: run it under ``nice``, and compare code side by
+side with ``--against OTHER_CHECKOUT`` (both run alternately on the same log; medians).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -93,16 +95,27 @@ def build(url: str, count: int, key_path: Path) -> None:
     print(f"built {count:,} entries in {time.perf_counter() - started:.0f} s", file=sys.stderr)
 
 
-def timed(command: list[str]) -> tuple[float, str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def timed(command: list[str], code: Path = ROOT) -> tuple[float, str]:
+    """Wall time and output of ``command`` run with the code of the checkout ``code``."""
+    elapsed, _, said = timed_cpu(command, code)
+    return elapsed, said
+
+
+def timed_cpu(command: list[str], code: Path = ROOT) -> tuple[float, float, str]:
+    """Wall time, CPU time (user + system: less swayed by other work on the machine)
+    and output of ``command`` run with the code of the checkout ``code``."""
+    env = dict(os.environ, PYTHONPATH=str(code))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+    done = subprocess.run(command, cwd=code, env=env, capture_output=True, text=True,
                           check=False)
     elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n"
                          f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return elapsed, done.stdout
+    return elapsed, cpu, done.stdout
 
 
 def main() -> None:
@@ -112,6 +125,11 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true",
                         help="use the database at --db if it is there")
     parser.add_argument("--build-only", action="store_true", help="build the log and stop")
+    parser.add_argument("--against", type=Path,
+                        help="another checkout (the code before a change): both are timed "
+                             "on the same log, alternately, and compared")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="with --against: runs of each, the median is compared")
     args = parser.parse_args()
     url = f"sqlite:///{args.db}"
     key_path = args.db.with_suffix(".key")
@@ -130,15 +148,40 @@ def main() -> None:
     fsck_command = [*cli, "log", "--db", url, "--log-key", verifier_key, "fsck"]
     audit_command = [*cli, "audit", "--db", url, "--from", "2000-01-01", "--to",
                      "2100-01-01", "--log-key", verifier_key]
-    fsck_s, _ = timed(fsck_command)
-    audit_s, said = timed(audit_command)
-    assert said.startswith("COMPLETE"), said[:300]
     stored = args.db.stat().st_size
-    print(f"SQLite log of {size:,} records ({stored / size:,.0f} bytes per record on disk)")
-    print(f"log fsck: {fsck_s:6.1f} s ({size / fsck_s:,.0f} rows/s)")
-    print(f"audit:    {audit_s:6.1f} s ({size / audit_s:,.0f} rows/s)")
+    print(f"SQLite log of {size:,} records ({stored / size:,.0f} bytes per record on disk); "
+          f"load {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    if args.against is not None:
+        compare(args.against, size, fsck_command, audit_command, args.rounds)
+    else:
+        fsck_s, _ = timed(fsck_command)
+        audit_s, said = timed(audit_command)
+        assert said.startswith("COMPLETE"), said[:300]
+        print(f"log fsck: {fsck_s:6.1f} s ({size / fsck_s:,.0f} rows/s)")
+        print(f"audit:    {audit_s:6.1f} s ({size / audit_s:,.0f} rows/s)")
     print("repeat with: PYTHONPATH=. .venv/bin/python bench/bench_fsck_audit.py "
-          f"--records {size} --db {args.db} --reuse")
+          f"--records {size} --db {args.db} --reuse"
+          + (f" --against {args.against} --rounds {args.rounds}" if args.against else ""))
+
+
+def compare(other: Path, size: int, fsck_command: list[str], audit_command: list[str],
+            rounds: int) -> None:
+    """Each command with the other checkout's code and this one's, alternately (so both
+    see the same load), ``rounds`` times; the medians and their ratio."""
+    for name, command in (("log fsck", fsck_command), ("audit", audit_command)):
+        walls: dict[Path, list[float]] = {other: [], ROOT: []}
+        cpus: dict[Path, list[float]] = {other: [], ROOT: []}
+        for _ in range(rounds):
+            for code in (other, ROOT):
+                elapsed, cpu, said = timed_cpu(command, code)
+                assert name != "audit" or said.startswith("COMPLETE"), said[:300]
+                walls[code].append(elapsed)
+                cpus[code].append(cpu)
+        for what, times in (("wall", walls), ("CPU", cpus)):
+            before, after = (statistics.median(times[code]) for code in (other, ROOT))
+            print(f"{name:9s} {what:4s} before {before:6.1f} s ({size / before:,.0f} rows/s), "
+                  f"after {after:6.1f} s ({size / after:,.0f} rows/s): {before / after:.2f}x "
+                  f"(median of {rounds}; load {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from ledger.anchor.local import LocalAnchor
 from ledger.bundle import Bundle
 from ledger.checkpoint import NoteSigner
-from ledger.client.exporter import export_from_db
+from ledger.client.exporter import export_from_log
 from ledger.cosignature import Cosigner, add_cosignatures
 from ledger.record import build_record
 from ledger.store.migrate import upgrade
@@ -53,7 +53,8 @@ def main() -> None:
             assert sealed is not None
             LocalAnchor(ledger, signer.verifier(), ORIGIN).anchor(sealed.note)
         bundle_path = Path(tmp) / "bundle.json"
-        exported = export_from_db(url, None, None, {})
+        with SqlLedger(url) as ledger:
+            exported = export_from_log(ledger, None, None, {})
         witness = Cosigner("bench-witness.example", Ed25519PrivateKey.generate())
         body = exported.checkpoint.split(b"\n\n")[0] + b"\n"
         exported = replace(exported, checkpoint=add_cosignatures(

@@ -247,7 +247,7 @@ def main() -> None:
 
             ledger = SqlLedger(url)
             started = time.perf_counter()
-            published = publish(ledger.engine, note, DirectorySink(tmp / "tlog"))
+            published = publish(ledger.tiles, note, DirectorySink(tmp / "tlog"))
             ledger.engine.dispose()
             print(f"published {published.files:,} tiles and bundles to a directory in "
                   f"{time.perf_counter() - started:.1f} s")

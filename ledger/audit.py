@@ -12,6 +12,7 @@ Pure: rows come in as values; fetching them is the caller's business.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -21,10 +22,13 @@ from ledger import merkle
 from ledger.canonical import parse_strict
 from ledger.checkpoint import Checkpoint
 from ledger.errors import LedgerError
+from ledger.leaves.batch_layouts import BatchLayouts
 from ledger.leaves.envelope import Leaf, is_envelope
 from ledger.leaves.environment import ENVIRONMENT_KIND, environment_columns
 from ledger.leaves.kinds import open_leaf
 from ledger.leaves.mirror import leaf_columns
+from ledger.leaves.stream_link import StartFacts, named_start, stream_start_problem
+from ledger.leaves.stream_start import STREAM_START_KIND
 from ledger.record import AuditRecord, mirror_columns, validate_body
 
 # Finding kinds (stable names, listed in the README):
@@ -36,6 +40,9 @@ ROOT_MISMATCH = "root_mismatch"  # the rebuilt root is not the signed one
 # An environments row disagrees with its environment leaf's bytes, is missing, names no
 # environment leaf, or a v2 record names a leaf that is no environment.
 ENVIRONMENT_MISMATCH = "environment_mismatch"
+# A streamed v2 record names a stream start that is not in the log before it, or is
+# another tenant's, or commits other content (decision 0050).
+STREAM_START_MISMATCH = "stream_start_mismatch"
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,7 @@ class AuditReport:
         return not self.findings
 
 
+@functools.lru_cache(maxsize=1024)  # a batch's records share their time
 def naive_utc(text: str) -> datetime:
     """RFC 3339 text as the mirror stores it: a naive UTC datetime."""
     moment = datetime.fromisoformat(text)
@@ -109,14 +117,15 @@ def open_record(canonical: bytes, *, strict: bool = False) -> AuditRecord:
     return AuditRecord(body, canonical, b"")  # the leaf hash is not needed here
 
 
-def open_row(canonical: bytes, body: bytes | None, origin: str, *, strict: bool = False
-             ) -> AuditRecord | Leaf:
+def open_row(canonical: bytes, body: bytes | None, origin: str, *, strict: bool = False,
+             layouts: BatchLayouts | None = None) -> AuditRecord | Leaf:
     """A row's leaf: a v1 record (``open_record``), or a v2 envelope opened with its body
-    (decision 0026)."""
+    (decision 0026). ``layouts``: a scan's, to open most v2 records by their batch's
+    layout (``open_leaf``)."""
     if is_envelope(canonical):
         if body is None:
             raise LedgerError("the leaf is a v2 envelope and the row holds no body")
-        return open_leaf(canonical, body, origin, strict=strict)
+        return open_leaf(canonical, body, origin, strict=strict, layouts=layouts)
     if body is not None:
         raise LedgerError("a v1 record's row holds a body")
     return open_record(canonical, strict=strict)
@@ -148,33 +157,36 @@ def column_findings(leaf_index: int, record_id: str, canonical: bytes,
 def compare_columns(leaf_index: int, record_id: str, record: AuditRecord | Leaf,
                     stored: Mapping[str, Any], *, all_columns: bool = True
                     ) -> list[AuditFinding]:
-    where = f"leaf {leaf_index} (record {record_id})"
+    columns = expected_columns(record)
+    said_at = columns["created_at"]
+    try:
+        stored_at: Any = naive_utc(said_at)
+    except (TypeError, ValueError):
+        stored_at = said_at  # an unparseable time can equal no stored datetime
+    if all_columns and stored == {**columns, "created_at": stored_at}:
+        return []  # every column at once (the usual row); else each is named below
     findings = []
-    for name, said in expected_columns(record).items():
+    for name, said in columns.items():
         if not all_columns and name not in stored:
             continue
         value = stored.get(name)
-        expected: Any = said
-        if name == "created_at":
-            try:
-                expected = naive_utc(said)
-            except (TypeError, ValueError):
-                expected = said  # an unparseable time can equal no stored datetime
+        expected = stored_at if name == "created_at" else said
         if value != expected:
             findings.append(AuditFinding(
-                COLUMN_MISMATCH,
-                f"{where}: column {name} is {_show(value)!r}, the record says {said!r}",
+                COLUMN_MISMATCH, f"leaf {leaf_index} (record {record_id}): column {name} "
+                f"is {_show(value)!r}, the record says {said!r}",
                 leaf_index, record_id, name, _show(value), _show(said)))
     return findings
 
 
 def _check_row(row: MirrorRow, report: AuditReport, origin: str,
                environments: Mapping[int, Mapping[str, Any]] | None,
-               environment_leaves: dict[int, Leaf]) -> datetime | None:
+               environment_leaves: dict[int, Leaf], starts: dict[str, StartFacts],
+               layouts: BatchLayouts) -> datetime | None:
     """Compare the row's columns with its bytes; returns the record's own time."""
     stored = dict(row.columns or {}, record_id=row.record_id, created_at=row.created_at)
     try:
-        record = open_row(row.canonical, row.body, origin)
+        record = open_row(row.canonical, row.body, origin, layouts=layouts)
     except LedgerError as exc:
         report.findings.append(AuditFinding(
             RECORD_UNPARSEABLE, f"leaf {row.leaf_index} (record {row.record_id}): stored "
@@ -184,6 +196,12 @@ def _check_row(row: MirrorRow, report: AuditReport, origin: str,
                                            all_columns=row.columns is not None))
     if environments is not None and isinstance(record, Leaf):
         _check_environment(row, record, environments, environment_leaves, report)
+    if isinstance(record, Leaf):
+        problem = stream_link_problem(record, row.leaf_index, starts)
+        if problem is not None:
+            report.findings.append(AuditFinding(
+                STREAM_START_MISMATCH, f"leaf {row.leaf_index} (record {row.record_id}): "
+                f"{problem}", row.leaf_index, row.record_id))
     try:
         return naive_utc(record.created_at)
     except ValueError:
@@ -243,6 +261,22 @@ def environment_reference_problem(leaf: Leaf, environment_leaves: Mapping[int, L
     return f"the record names leaf {named['leaf_index']} as its environment, {problem}"
 
 
+def stream_link_problem(leaf: Leaf, leaf_index: int, starts: dict[str, StartFacts]
+                        ) -> str | None:
+    """For leaves read in leaf order: a stream start is kept in ``starts`` (by record
+    id) until the record that completes it names it; that record's link is judged
+    (``stream_start_problem``) and the start let go, so only unfinished streams stay
+    held and a second record naming one start finds none. Shared by ``audit`` and
+    ``log fsck``."""
+    if leaf.kind == STREAM_START_KIND:
+        starts[leaf.record_id] = StartFacts.of(leaf, leaf_index)
+        return None
+    named = named_start(leaf)
+    if named is None:
+        return None
+    return stream_start_problem(leaf, leaf_index, starts.pop(named, None))
+
+
 def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: datetime,
                 until: datetime, log_size: int | None = None,
                 environments: Mapping[int, Mapping[str, Any]] | None = None) -> AuditReport:
@@ -253,6 +287,8 @@ def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: dateti
     not checked)."""
     report = AuditReport(checkpoint.size)
     environment_leaves: dict[int, Leaf] = {}
+    starts: dict[str, StartFacts] = {}  # stream starts not yet completed, by record id
+    layouts = BatchLayouts()  # opens most records by their batch's layout (same rules)
     compact = merkle.CompactRange()
     expected = 0
     for row in rows:
@@ -265,7 +301,8 @@ def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: dateti
         report.rows_checked += 1
         # Columns are checked on every row, covered or not: they must say what the
         # bytes say whether or not a checkpoint vouches for the bytes yet.
-        moment = _check_row(row, report, checkpoint.origin, environments, environment_leaves)
+        moment = _check_row(row, report, checkpoint.origin, environments, environment_leaves,
+                            starts, layouts)
         if row.leaf_index >= checkpoint.size:
             if since <= row.created_at < until:
                 report.uncovered += 1

@@ -21,7 +21,12 @@ from collections.abc import Sequence
 from ledger import tiles
 from ledger.digest import SHA256_PREFIX
 from ledger.errors import InvalidInputError, MalformedProofError
-from ledger.leaves.envelope import body_digest, is_envelope, parse_envelope
+from ledger.leaves.envelope import (
+    CANONICAL_ENVELOPE,
+    body_digest,
+    is_envelope,
+    parse_envelope,
+)
 from ledger.tiles import TileRef
 
 PREFIX = "bodies"
@@ -60,21 +65,20 @@ def parse_body_path(path: str) -> tuple[str | None, TileRef]:
     return tag, tiles.parse_path("tile/entries/" + parts[2])
 
 
-_TAG_AT = -len(b'"tenant_tag":"sha256:') - 64 - 2
-
-
 def envelope_tag(entry: bytes) -> str | None:
-    """An envelope's tenant tag. Canonical JSON puts it last: read it there when the
-    member occurs once (no duplicate could give the leaf another tag), else parse."""
-    if entry.count(b'"tenant_tag"') == 1:
-        if entry.endswith(b',"tenant_tag":null}'):
-            return None
-        tail = entry[_TAG_AT:]
-        if tail.startswith(b'"tenant_tag":"sha256:') and tail.endswith(b'"}') \
-                and _HEX.fullmatch(tail[-66:-2].decode("ascii", "replace")):
-            return SHA256_PREFIX + tail[-66:-2].decode("ascii")
-    tag = parse_envelope(entry)["tenant_tag"]
-    return None if tag is None else str(tag)
+    """An envelope's tenant tag. Every envelope the writer makes is canonical with plain
+    values, read by one whole-string pattern (``CANONICAL_ENVELOPE``): its match is the
+    whole envelope, so the member it reads is the envelope's only ``tenant_tag``, never
+    text inside another member. Any other bytes are parsed strictly, and an envelope
+    with a duplicate, an extra member or another spelling of the member's name is
+    refused (CanonicalFormError) instead of being filed under a tag it names somewhere
+    (decision 0050). Whoever opens the leaf checks the rest (its time as an instant)."""
+    found = CANONICAL_ENVELOPE.fullmatch(entry)
+    if found is not None:
+        tag = found.group(4)
+        return None if tag is None else tag.decode("ascii")
+    parsed = parse_envelope(entry)["tenant_tag"]
+    return None if parsed is None else str(parsed)
 
 
 def tags_of(entries: Sequence[bytes]) -> dict[str | None, list[int]]:

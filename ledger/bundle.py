@@ -14,15 +14,18 @@ Format ``audit-ledger-bundle/v2`` (all hashes hex, record bytes base64)::
       "entries": [
         {"record_id": "...", "leaf_index": 7, "canonical": "<base64 of the exact bytes>",
          "inclusion_proof": ["<hex>", ...],
-         "body": "<base64>", "environment_index": 3}    (v2 leaves only)
+         "body": "<base64>", "environment_index": 3,     (v2 leaves only)
+         "stream_start_index": 5}                        (streamed v2 records only)
       ],
       "environments": {"3": {"envelope": "<base64>", "body": "<base64>",
-                             "inclusion_proof": ["<hex>", ...]}}   (when any)
+                             "inclusion_proof": ["<hex>", ...]}},  (when any)
+      "stream_starts": {"5": {...as an environment...}}            (when any)
     }
 
 A v2 leaf's ``canonical`` is its envelope and ``body`` its body (decision 0026); each
 environment leaf a v2 record names is carried once, under ``environments``, with its own
-inclusion proof to the bundle's checkpoint.
+inclusion proof to the bundle's checkpoint, and so is the stream start leaf a streamed
+v2 record names, under ``stream_starts`` (decision 0050: check 1 opens it).
 
 ``anchor.consistency`` links the bundle's checkpoint and the anchored one (smaller size
 first). ``consistency_from`` holds, for each earlier checkpoint size the log published
@@ -63,6 +66,7 @@ class BundleEntry:
     inclusion_proof: Sequence[bytes]
     body: bytes | None = None  # a v2 leaf's body
     environment_index: int | None = None  # the environment leaf a v2 record names
+    stream_start_index: int | None = None  # the stream start leaf a streamed one names
     # Why the entry could not be read (its record then fails check 1; the others are
     # still judged). None for a well-formed entry.
     problem: str | None = None
@@ -81,6 +85,8 @@ class Bundle:
     consistency_from: Mapping[int, Sequence[bytes]] = field(default_factory=dict)
     # The environment leaves the v2 entries name, each once, by leaf index.
     environments: Mapping[int, LeafEvidence] = field(default_factory=dict)
+    # The stream start leaves streamed v2 entries name, each once, by leaf index.
+    stream_starts: Mapping[int, LeafEvidence] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -101,13 +107,11 @@ class Bundle:
                 "consistency": [h.hex() for h in self.anchor_consistency]},
             "consistency_from": {str(size): [h.hex() for h in proof]
                                  for size, proof in sorted(self.consistency_from.items())},
-            "entries": [_entry_json(e) for e in self.entries],
-            **({"environments": {str(index): {
-                "envelope": base64.b64encode(leaf.envelope).decode(),
-                "body": base64.b64encode(leaf.body).decode(),
-                "inclusion_proof": [h.hex() for h in leaf.inclusion_proof]}
-                for index, leaf in sorted(self.environments.items())}}
+            "entries": [entry_json(e) for e in self.entries],
+            **({"environments": leaves_json(self.environments)}
                if self.environments else {}),
+            **({"stream_starts": leaves_json(self.stream_starts)}
+               if self.stream_starts else {}),
         }
 
     def dumps(self) -> str:
@@ -136,7 +140,8 @@ class Bundle:
                 log_key=_text(data["log_key"], "log_key"),
                 checkpoint=_text(data["checkpoint"], "checkpoint").encode(),
                 entries=[_entry(number, e) for number, e in enumerate(entries)],
-                environments=_environments(data.get("environments", {})),
+                environments=_leaves(data.get("environments", {}), "environments"),
+                stream_starts=_leaves(data.get("stream_starts", {}), "stream_starts"),
                 anchored=_text(anchor["checkpoint"], "anchor.checkpoint").encode()
                 if anchor else None,
                 anchor_ref=_text(anchor["ref"], "anchor.ref") if anchor else None,
@@ -179,17 +184,28 @@ class Bundle:
                 seen_consistency=seen_consistency, body=entry.body,
                 environment=None if entry.environment_index is None
                 else self.environments.get(entry.environment_index),
+                stream_start=None if entry.stream_start_index is None
+                else self.stream_starts.get(entry.stream_start_index),
             )
 
 
-def _entry_json(entry: BundleEntry) -> dict[str, Any]:
+def entry_json(entry: BundleEntry) -> dict[str, Any]:
     result: dict[str, Any] = {"record_id": entry.record_id, "leaf_index": entry.leaf_index,
                               "canonical": base64.b64encode(entry.canonical).decode(),
                               "inclusion_proof": [h.hex() for h in entry.inclusion_proof]}
     if entry.body is not None:
         result["body"] = base64.b64encode(entry.body).decode()
         result["environment_index"] = entry.environment_index
+    if entry.stream_start_index is not None:
+        result["stream_start_index"] = entry.stream_start_index
     return result
+
+
+def leaves_json(leaves: Mapping[int, LeafEvidence]) -> dict[str, Any]:
+    return {str(index): {"envelope": base64.b64encode(leaf.envelope).decode(),
+                         "body": base64.b64encode(leaf.body).decode(),
+                         "inclusion_proof": [h.hex() for h in leaf.inclusion_proof]}
+            for index, leaf in sorted(leaves.items())}
 
 
 def _text(value: Any, name: str) -> str:
@@ -222,6 +238,7 @@ def _entry(number: int, raw: Any) -> BundleEntry:
             raise ValueError("leaf_index is negative")
         body = raw.get("body")
         environment_index = raw.get("environment_index")
+        start_index = raw.get("stream_start_index")
         return BundleEntry(_text(raw["record_id"], "record_id"), leaf_index,
                            base64.b64decode(_text(raw["canonical"], "canonical"),
                                             validate=True),
@@ -229,19 +246,22 @@ def _entry(number: int, raw: Any) -> BundleEntry:
                            None if body is None else base64.b64decode(
                                _text(body, "body"), validate=True),
                            None if environment_index is None
-                           else strict_int(environment_index, "environment_index"))
+                           else strict_int(environment_index, "environment_index"),
+                           None if start_index is None
+                           else strict_int(start_index, "stream_start_index"))
     except (ValueError, KeyError, TypeError) as exc:
         why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
         return BundleEntry(label, -1, b"", (), problem=f"bundle entry #{number} is "
                            f"malformed: {why}")
 
 
-def _environments(raw: Any) -> dict[int, LeafEvidence]:
-    """The environment leaves a bundle carries, by leaf index."""
+def _leaves(raw: Any, name: str) -> dict[int, LeafEvidence]:
+    """The leaves a bundle carries for its entries (``environments``,
+    ``stream_starts``), by leaf index."""
     if not isinstance(raw, dict):
-        raise TypeError("environments must be an object")
+        raise TypeError(f"{name} must be an object")
     return {_size(index): LeafEvidence(
         _size(index), base64.b64decode(_text(leaf["envelope"], "envelope"), validate=True),
         base64.b64decode(_text(leaf["body"], "body"), validate=True),
-        _hashes(leaf["inclusion_proof"], f"environments.{index}.inclusion_proof"))
+        _hashes(leaf["inclusion_proof"], f"{name}.{index}.inclusion_proof"))
         for index, leaf in raw.items()}

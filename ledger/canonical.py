@@ -463,8 +463,10 @@ def encode_leaf(value: Any) -> bytes:
     """``canonical_bytes(value)``, with shortcuts for the leaves records are made of.
 
     A string of printable ASCII without ``"`` or ``\\`` is its own JSON text between
-    quotes; an int in the safe range is its decimal digits; anything else (other text,
-    floats, lists) takes the full encoder.
+    quotes; an int in the safe range is its decimal digits; a float that is not
+    integral, between 1e-4 and 1e16 in size, is Python's shortest round-trip spelling,
+    as ECMAScript writes it there (no exponent in either); anything else (other text,
+    other floats, lists) takes the full encoder.
     """
     kind = type(value)
     if kind is str:
@@ -474,6 +476,9 @@ def encode_leaf(value: Any) -> bytes:
     elif kind is int:
         if -_SAFE_INT < value < _SAFE_INT:
             return str(value).encode("ascii")
+    elif kind is float:
+        if 1e-4 <= abs(value) < 1e16 and not value.is_integer():  # NaN fails the first
+            return repr(value).encode("ascii")
     elif value is True:
         return b"true"
     elif value is False:

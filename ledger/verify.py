@@ -6,10 +6,14 @@ The numbers are stable (scripts and the README refer to them):
 1. the record's canonical bytes hash to its leaf hash (and name the asked-for record);
    a source that answered but has no such record fails here too. For a v2 leaf
    (decision 0026) the bytes are its envelope: the body must hash to the envelope's
-   digest and agree with its kind, time and tenant tag, and a v2 record's environment
-   leaf must open the same way and be the leaf (index and hash) the record names;
+   digest and agree with its kind, time and tenant tag, both in canonical form (the
+   bytes the envelope commits to, as verify.js demands), and a v2 record's environment
+   leaf must open the same way and be the leaf (index and hash) the record names; a
+   streamed v2 record's stream start leaf must open too and be the one it names: an
+   ``audit-stream-start/v2`` before it, of its tenant, with its commitments (0050);
 2. the inclusion proof leads from that leaf to the checkpoint's root (and, for a v2
-   record, its environment leaf's own proof to the same root);
+   record, its environment leaf's and its stream start leaf's own proofs to the same
+   root);
 3. the checkpoint is signed by the pinned log key;
 4. the checkpoint is no rollback of, and no fork from, the last checkpoint this verifier
    saw, is consistent with the anchored checkpoint, and someone other than the operator
@@ -40,6 +44,7 @@ from ledger.leaves import commitments
 from ledger.leaves.envelope import Leaf, is_envelope
 from ledger.leaves.environment import ENVIRONMENT_KIND, fingerprints
 from ledger.leaves.kinds import NAMES_ENVIRONMENT, open_leaf
+from ledger.leaves.stream_link import StartFacts, named_start, stream_start_problem
 from ledger.record import validate_body
 
 CHECK_NAMES = {
@@ -85,8 +90,8 @@ class QuorumError(VerificationError):
 
 @dataclass(frozen=True)
 class LeafEvidence:
-    """Another leaf a v2 record depends on (its environment), with its own proof to the
-    same checkpoint as the record's."""
+    """Another leaf a v2 record depends on (its environment, its stream start), with
+    its own proof to the same checkpoint as the record's."""
 
     leaf_index: int
     envelope: bytes
@@ -119,9 +124,10 @@ class Evidence:
     # checkpoint larger than that covers entries the log no longer has (check 4).
     log_size: int | None = None
     # A v2 leaf's body (``canonical`` is then its envelope) and, for a v2 record, the
-    # environment leaf it names.
+    # environment leaf it names and (streamed) the stream start leaf it names.
     body: bytes | None = None
     environment: LeafEvidence | None = None
+    stream_start: LeafEvidence | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +201,7 @@ class Verdict:
     # None. Only meaningful when the verdict is ok.
     state_note: bytes | None = None
     environment: dict[str, Any] | None = None  # a v2 record's environment body, once checked
+    stream_start_index: int | None = None  # a streamed v2 record's start leaf, once checked
 
     @property
     def ok(self) -> bool:
@@ -319,9 +326,18 @@ def verify_record(
             verdict.add(2, False, f"the environment leaf's inclusion proof does not hold: "
                         f"{exc}")
             return _skip_rest(verdict, {4, 5})
-        where += f" and its environment leaf {environment.leaf_index} are"
-    else:
-        where += " is"
+        where += f" and its environment leaf {environment.leaf_index}"
+    if verdict.stream_start_index is not None and evidence.stream_start is not None:
+        start = evidence.stream_start
+        try:
+            merkle.verify_inclusion(merkle.hash_leaf(start.envelope), start.leaf_index,
+                                    checkpoint.size, start.inclusion_proof, checkpoint.root)
+        except LedgerError as exc:
+            verdict.add(2, False, f"the stream start leaf's inclusion proof does not hold: "
+                        f"{exc}")
+            return _skip_rest(verdict, {4, 5})
+        where += f" and its stream start leaf {start.leaf_index}"
+    where += " are" if " and " in where else " is"
     verdict.add(2, True, f"{where} in the tree of size {checkpoint.size}")
 
     # Check 4: no rollback or fork, anchored, and vouched for by someone else.
@@ -366,8 +382,8 @@ def _check_leaf_v2(verdict: Verdict, evidence: Evidence, leaf: bytes, origin: st
     if evidence.body is None:
         verdict.add(1, False, "the leaf is a v2 envelope and the source gave no body")
         return None
-    try:
-        opened = open_leaf(evidence.canonical, evidence.body, origin)
+    try:  # strict: the body must be the very bytes the envelope commits to (0050)
+        opened = open_leaf(evidence.canonical, evidence.body, origin, strict=True)
     except LedgerError as exc:
         verdict.add(1, False, f"the v2 leaf does not open: {type(exc).__name__}: {exc}")
         return None
@@ -391,6 +407,16 @@ def _check_leaf_v2(verdict: Verdict, evidence: Evidence, leaf: bytes, origin: st
         verdict.environment = dict(environment.content)
         reason += (f"; environment leaf {environment.content['record_id']} "
                    f"({environment.leaf_hash.hex()}) opens and is the one named")
+    if named_start(opened) is not None:  # a streamed record
+        try:
+            start = _check_stream_start(opened, evidence.leaf_index, evidence.stream_start,
+                                        origin)
+        except LedgerError as exc:
+            verdict.add(1, False, f"stream start: {type(exc).__name__}: {exc}")
+            return None
+        verdict.stream_start_index = start
+        reason += (f"; stream start leaf {named_start(opened)} at index {start} opens and "
+                   "is the one named, of the same tenant and commitments")
     verdict.record = dict(opened.content)
     verdict.add(1, True, reason)
     return dict(opened.content)
@@ -405,7 +431,7 @@ def _check_environment(record: Leaf, record_index: int, given: LeafEvidence | No
     if given.leaf_index != named["leaf_index"]:
         raise LeafBindingError(f"the source gave leaf {given.leaf_index} as the environment, "
                                f"the record names leaf {named['leaf_index']}")
-    environment = open_leaf(given.envelope, given.body, origin)
+    environment = open_leaf(given.envelope, given.body, origin, strict=True)
     if environment.kind != ENVIRONMENT_KIND:
         raise LeafBindingError(f"leaf {given.leaf_index} is a {environment.kind}, not an "
                                "environment")
@@ -421,6 +447,25 @@ def _check_environment(record: Leaf, record_index: int, given: LeafEvidence | No
                                f"{environment.leaf_hash.hex()}, the record names "
                                f"{named['leaf_hash']}")
     return environment
+
+
+def _check_stream_start(record: Leaf, record_index: int, given: LeafEvidence | None,
+                        origin: str) -> int:
+    """The index of the start leaf a streamed record names: given by the source,
+    opened, the one with that id, and linked to the record as ``stream_start_problem``
+    demands (its inclusion is check 2's)."""
+    named = named_start(record)
+    if given is None:
+        raise LeafBindingError(f"the record names stream start {named} and the source "
+                               "gave no such leaf")
+    start = open_leaf(given.envelope, given.body, origin, strict=True)
+    if start.record_id != named:
+        raise LeafBindingError(f"the source gave leaf {given.leaf_index} ({start.record_id})"
+                               f" as the stream start, the record names {named}")
+    problem = stream_start_problem(record, record_index, StartFacts.of(start, given.leaf_index))
+    if problem is not None:
+        raise LeafBindingError(problem)
+    return given.leaf_index
 
 
 def _check_history(evidence: Evidence, verifier: NoteVerifier, origin: str,

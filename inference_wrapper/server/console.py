@@ -19,14 +19,12 @@ import json
 import math
 import re
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from html import escape
-from typing import Any
-from urllib.parse import urlencode
+from typing import Any, Protocol
 
 from aiohttp import web
-from sqlalchemy import select
 
 from inference_wrapper.server.access import readable_tenant
 from inference_wrapper.server.appkeys import INTEGRATOR, KEYS, LEDGER, SETTINGS, SIGNER
@@ -34,12 +32,10 @@ from inference_wrapper.server.console_pages import (
     SECURITY_HEADERS,
     error_main,
     evidence_dict,
-    invisible,
     mirror_rows,
     operator_hosted_notice,
     page_html,
     record_main,
-    result_row,
     shown,
     static_asset,
     template,
@@ -56,6 +52,16 @@ from inference_wrapper.server.console_plots import (
     phase_charts_svg,
     timeline_svg,
 )
+from inference_wrapper.server.console_search import (
+    BadField,
+    OutOfScope,
+    Search,
+    error_notice,
+    iso_minute,
+    page_links,
+    parse_search,
+    search_main,
+)
 from inference_wrapper.server.console_sessions import (
     HSTS,
     ClientView,
@@ -66,31 +72,21 @@ from inference_wrapper.server.console_sessions import (
     parse_proxies,
     session_secret,
 )
-from inference_wrapper.server.validation import MAX_QUERY_INT
 from ledger.client.bundle_stream import bundle_chunks
 from ledger.client.database import DatabaseSource
 from ledger.client.sources import RecordNotFoundError, gather
 from ledger.errors import BackendError, InvalidInputError
 from ledger.leaves.mirror import LOG_WIDE_TENANT
 from ledger.store.log_api import RecordRow
-from ledger.store.mirror import PARTIAL_FILTERS, MirrorPage, decode_position
-from ledger.store.schema import anchors, api_keys, checkpoints
-from ledger.store.sql import SqlLedger
+from ledger.store.mirror import MirrorPage, SqlMirror
 
 SESSION_COOKIE = "alc_session"
 LOGIN_COOKIE = "alc_login_csrf"
 SESSION_TTL_S = 3600.0
 CONSOLE_ROLES = ("auditor", "admin")
-PAGE_LIMIT_MAX = 500
 CSV_PAGE = 1000
 PLOT_MAX_RECORDS = 50_000
 BUNDLE_MAX_RECORDS = 100_000  # about 150 MB of JSON; larger exports: `audit-ledger export`
-FILTER_LABELS = {"tenant": "tenant", "model_name": "model", "model_digest": "model digest",
-                 "accelerator_model": "accelerator", "driver_version": "driver",
-                 "service_revision": "service revision"}
-MATCHES = {"part": "any part of the name", "whole": "the whole name"}
-SORTS = {"-time": "newest first", "time": "oldest first", "leaf": "log order"}
-DEFAULT_ORDER = "leaf"
 CSV_COLUMNS = ("leaf_index", "record_id", "created_at", "tenant", "model_name",
                "model_digest", "accelerator", "accelerator_model", "driver_version",
                "torch_version", "service_revision", "checkpoint_size", "anchor_ref")
@@ -126,14 +122,6 @@ def _client(request: web.Request) -> ClientView:
                        request.app[STATE].proxies)
 
 
-def _key_active(ledger: SqlLedger, key_id: str) -> bool:
-    """A session lives only as long as its key: revoking the key ends it."""
-    with ledger.engine.connect() as conn:
-        row = conn.execute(select(api_keys.c.revoked_at)
-                           .where(api_keys.c.key_id == key_id)).first()
-    return row is not None and row.revoked_at is None
-
-
 async def current_session(request: web.Request) -> Session | None:
     token = request.cookies.get(SESSION_COOKIE)
     if not token:
@@ -141,7 +129,7 @@ async def current_session(request: web.Request) -> Session | None:
     session = _codec(request).open(token)
     if session is None:
         return None
-    if not await asyncio.to_thread(_key_active, request.app[LEDGER], session.key_id):
+    if not await asyncio.to_thread(request.app[KEYS].is_active, session.key_id):
         return None
     return session
 
@@ -248,54 +236,6 @@ def _text(value: object) -> str:
 # --- search and export -----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Search:
-    since: datetime | None
-    until: datetime | None
-    filters: dict[str, str | None]  # exact
-    limit: int
-    cursor: str | None
-    contains: dict[str, str] = field(default_factory=dict)  # a part of each name
-    order: str = DEFAULT_ORDER
-    match: str = "part"
-
-    def query_string(self, **extra: str) -> str:
-        pairs = {"since": self.since.isoformat() if self.since else None,
-                 "until": self.until.isoformat() if self.until else None,
-                 **{k: visible(v) if v else v for k, v in self.filters.items()},
-                 **{k: visible(v) for k, v in self.contains.items()},
-                 "match": self.match, "sort": self.order, "limit": str(self.limit), **extra}
-        return urlencode({k: v for k, v in pairs.items() if v})
-
-    def typed(self) -> dict[str, str]:
-        """The form's fields as the auditor sees them (control characters visible)."""
-        return {"since": _iso(self.since), "until": _iso(self.until),
-                "limit": str(self.limit), "match": self.match, "sort": self.order,
-                **{k: visible(v or "") for k, v in {**self.filters, **self.contains}.items()}}
-
-    def page(self, ledger: SqlLedger, limit: int, cursor: str | None) -> MirrorPage:
-        return ledger.mirror.page(since=self.since, until=self.until, limit=limit,
-                                  cursor=cursor, order=self.order, filters=self.filters,
-                                  contains=self.contains)
-
-    def count(self, ledger: SqlLedger) -> int:
-        return ledger.mirror.count(since=self.since, until=self.until, filters=self.filters,
-                                   contains=self.contains)
-
-
-class BadField(Exception):
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(reason)
-        self.field, self.reason = field, reason
-
-
-class OutOfScope(BadField):
-    """A tenant-scoped session named another tenant (403, field tenant)."""
-
-    def __init__(self, scope: str) -> None:
-        super().__init__("tenant", f"this session reads only tenant {scope!r}")
-
-
 def search_error(exc: BadField | InvalidInputError, session: Session,
                  title: str = "Bad search") -> web.Response:
     if isinstance(exc, OutOfScope):
@@ -303,50 +243,35 @@ def search_error(exc: BadField | InvalidInputError, session: Session,
     return error_page(400, title, exc.reason, session, field=exc.field)
 
 
-def parse_search(query: Any, scope: str | None = None) -> Search:
-    """Form fields to a search; an empty field means no filter. A session scoped to one
-    tenant searches that tenant only; naming another is refused (403, as the API does)."""
-    def when(name: str) -> datetime | None:
-        raw = (query.get(name) or "").strip()
-        if not raw:
-            return None
-        try:
-            moment = datetime.fromisoformat(raw)
-        except ValueError as exc:
-            raise BadField(name, "must be a date and time such as 2026-11-30T10:00") from exc
-        return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+class MirroredLog(Protocol):
+    """What the console's searches, exports and plots read: the mirror's queries."""
 
-    raw_limit = (query.get("limit") or "50").strip()
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= PAGE_LIMIT_MAX:
-        raise BadField("limit", f"must be a whole number from 1 to {PAGE_LIMIT_MAX}")
-    match = (query.get("match") or "part").strip()
-    if match not in MATCHES:
-        raise BadField("match", f"must be one of {', '.join(MATCHES)}")
-    order = (query.get("sort") or DEFAULT_ORDER).strip()
-    if order not in SORTS:
-        raise BadField("sort", f"must be one of {', '.join(SORTS)}")
-    # What the list shows ("<U+202E>") is what the auditor types back: the character.
-    typed = {name: invisible((query.get(name) or "").strip()) or None
-             for name in FILTER_LABELS}
-    contains = ({name: typed[name] or "" for name in PARTIAL_FILTERS if typed[name]}
-                if match == "part" else {})
-    filters = {name: typed[name] for name in FILTER_LABELS if name not in contains}
-    if scope is not None:
-        if filters["tenant"] not in (None, scope):
-            raise OutOfScope(scope)
-        filters["tenant"] = scope
-    cursor = (query.get("cursor") or "").strip() or None
-    if cursor is not None:
-        try:
-            place = decode_position(cursor)
-        except InvalidInputError as exc:
-            raise BadField("cursor", exc.reason) from exc
-        if place.leaf_index > MAX_QUERY_INT:  # a forged cursor must not overflow SQL
-            raise BadField("cursor", "is not a cursor this service issued")
-        if place.order != order:
-            raise BadField("cursor", "belongs to another sort order; search again")
-    return Search(when("since"), when("until"), filters, int(raw_limit), cursor, contains,
-                  order, match)
+    @property
+    def mirror(self) -> SqlMirror: ...
+
+
+def page_of(ledger: MirroredLog, search: Search, limit: int, cursor: str | None
+            ) -> MirrorPage:
+    return ledger.mirror.page(limit=limit, cursor=cursor, order=search.order,
+                              **search.mirror_terms())
+
+
+def count_of(ledger: MirroredLog, search: Search) -> int:
+    return ledger.mirror.count(**search.mirror_terms())
+
+
+def exports_for(search: Search) -> str:
+    """The export links of a search, and the proof link when it names a whole window."""
+    query = search.query_string()
+    exports = (f'<a id="csv-export" href="{escape("/console/records.csv?" + query)}">'
+               "export all matching as CSV</a> · "
+               f'<a id="bundle-export" href="{escape("/console/records.bundle?" + query)}">'
+               "as an evidence bundle</a>")
+    if search.since is not None and search.until is not None:
+        # Its own page: a proof reads every leaf of the window, not one page of rows.
+        exports += (f' · <a id="prove-complete" href="'
+                    f'{escape("/console/prove?" + query)}">prove this answer complete</a>')
+    return exports
 
 
 async def search_page(request: web.Request) -> web.Response:
@@ -357,77 +282,17 @@ async def search_page(request: web.Request) -> web.Response:
     known = await asyncio.to_thread(ledger.mirror.known_values, session.scope)
     try:
         search = parse_search(request.query, session.scope)
-        found = await asyncio.to_thread(search.page, ledger, search.limit, search.cursor)
-        total = await asyncio.to_thread(search.count, ledger)
+        found = await asyncio.to_thread(page_of, ledger, search, search.limit, search.cursor)
+        total = await asyncio.to_thread(count_of, ledger, search)
     except (BadField, InvalidInputError) as exc:
         # The form comes back as it was typed, with the error beside it.
-        status = 403 if isinstance(exc, OutOfScope) else 400
-        notice = (f'<section class="error" data-status="{status}" '
-                  f'data-field="{escape(exc.field or "")}"><p>{shown(exc.reason)} '
-                  f'<span class="field">field: <code>{escape(exc.field or "")}</code></span>'
-                  "</p></section>")
-        return page("Bad search", notice + _search_main(request.query, known, [], None, None,
-                                                        ""), session, status)
-    links = [f'<a id="{name}-page" href="/console?{escape(search.query_string(cursor=c))}">'
-             f"{label}</a>" for name, label, c in
-             (("previous", "previous page", found.previous_cursor),
-              ("next", "next page", found.next_cursor)) if c]
-    return page("Records", _search_main(search.typed(), known, found.rows, total, search,
-                                        " · ".join(links)), session)
-
-
-def _iso(moment: datetime | None) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%MZ") if moment else ""
-
-
-def _choice(name: str, label: str, options: dict[str, str], chosen: str) -> str:
-    return (f'<label>{escape(label)} <select name="{name}" id="{name}">'
-            + "".join(f'<option value="{escape(value)}"'
-                      f'{" selected" if value == chosen else ""}>{escape(text)}</option>'
-                      for value, text in options.items())
-            + "</select></label>")
-
-
-def search_inputs(typed: Any, known: dict[str, list[str]]) -> str:
-    """The filter fields, each with a pick-list of the values the mirror knows (for this
-    session's tenants; control characters shown, as the list shows them), and the match
-    and sort choices."""
-    fields = []
-    for name, label in FILTER_LABELS.items():
-        values = known.get(name)
-        listed = ""
-        if values is not None:
-            listed = (f' list="known-{name}"><datalist id="known-{name}">'
-                      + "".join(f'<option value="{shown(v)}">' for v in values)
-                      + "</datalist")
-        fields.append(f'<label>{escape(label)} <input id="filter-{name}" name="{name}" '
-                      f'value="{escape(typed.get(name) or "")}"{listed}></label>')
-    return ("".join(fields)
-            + _choice("match", "names match", MATCHES, typed.get("match") or "part")
-            + _choice("sort", "sort", SORTS, typed.get("sort") or DEFAULT_ORDER))
-
-
-def _search_main(typed: Any, known: dict[str, list[str]], rows: list[RecordRow],
-                 total: int | None, search: Search | None, more: str) -> str:
-    """The search form with what was typed, and the results (none after an error)."""
-    exports = ""
-    if search is not None:
-        query = search.query_string()
-        exports = (f'<a id="csv-export" href="{escape("/console/records.csv?" + query)}">'
-                   "export all matching as CSV</a> · "
-                   f'<a id="bundle-export" href="{escape("/console/records.bundle?" + query)}">'
-                   "as an evidence bundle</a>")
-        if search.since is not None and search.until is not None:
-            # Its own page: a proof reads every leaf of the window, not one page of rows.
-            exports += (f' · <a id="prove-complete" href="'
-                        f'{escape("/console/prove?" + query)}">prove this answer complete'
-                        "</a>")
-    return template("search.html").substitute(
-        since=escape(typed.get("since") or ""), until=escape(typed.get("until") or ""),
-        limit=escape(typed.get("limit") or "50"), inputs=search_inputs(typed, known),
-        rows="".join(result_row(mirror_json(row)) for row in rows), count=len(rows),
-        total="" if total is None else f' of <span id="total-count">{total}</span> matching',
-        more=more, exports=exports)
+        status, notice = error_notice(exc)
+        return page("Bad search", notice + search_main(request.query, known, [], None, "", ""),
+                    session, status)
+    return page("Records", search_main(
+        search.typed(), known, [mirror_json(row) for row in found.rows], total,
+        exports_for(search), page_links(search, found.previous_cursor, found.next_cursor)),
+        session)
 
 
 def mirror_json(row: RecordRow) -> dict[str, Any]:
@@ -475,7 +340,7 @@ async def export_csv(request: web.Request) -> web.StreamResponse:
         return _to_login()
     try:
         search = parse_search(request.query, session.scope)
-        found = await asyncio.to_thread(search.page, request.app[LEDGER], CSV_PAGE, None)
+        found = await asyncio.to_thread(page_of, request.app[LEDGER], search, CSV_PAGE, None)
     except (BadField, InvalidInputError) as exc:
         return search_error(exc, session)
     response = web.StreamResponse(headers={
@@ -486,7 +351,7 @@ async def export_csv(request: web.Request) -> web.StreamResponse:
     # A byte order mark: spreadsheets then read UTF-8 ("Société Générale" stays intact).
     await response.write(b"\xef\xbb\xbf" + csv_lines(found.rows, header=True).encode())
     while found.next_cursor is not None:  # every matching row, a page at a time
-        found = await asyncio.to_thread(search.page, request.app[LEDGER], CSV_PAGE,
+        found = await asyncio.to_thread(page_of, request.app[LEDGER], search, CSV_PAGE,
                                         found.next_cursor)
         await response.write(csv_lines(found.rows, header=False).encode())
     await response.write_eof()
@@ -507,7 +372,7 @@ async def export_bundle(request: web.Request) -> web.StreamResponse:
         return search_error(exc, session)
     ledger = request.app[LEDGER]
     filters = {k: v for k, v in search.filters.items() if v is not None}
-    matching = await asyncio.to_thread(search.count, ledger)
+    matching = await asyncio.to_thread(count_of, ledger, search)
     if matching > BUNDLE_MAX_RECORDS:
         return error_page(422, "Too many records for one bundle",
                           f"this search matches {matching} records; a bundle from the console "
@@ -575,7 +440,7 @@ async def record_page(request: web.Request) -> web.Response:
 # --- plots -----------------------------------------------------------------------------
 
 
-def _plot_points(ledger: SqlLedger, since: datetime, until: datetime,
+def _plot_points(ledger: MirroredLog, since: datetime, until: datetime,
                  tenant: str | None) -> list[Point]:
     points: list[Point] = []
     cursor: str | None = None
@@ -590,18 +455,6 @@ def _plot_points(ledger: SqlLedger, since: datetime, until: datetime,
     return points[:PLOT_MAX_RECORDS]
 
 
-def anchor_lag(ledger: SqlLedger, since: datetime, until: datetime
-               ) -> list[tuple[datetime, float]]:
-    """Seconds from sealing each checkpoint to anchoring it, for anchors in the range."""
-    statement = (select(anchors.c.anchored_at, checkpoints.c.sealed_at)
-                 .join(checkpoints, checkpoints.c.size == anchors.c.size)
-                 .where(anchors.c.anchored_at >= since, anchors.c.anchored_at < until)
-                 .order_by(anchors.c.anchored_at))
-    with ledger.engine.connect() as conn:
-        return [(row.anchored_at, max(0.0, (row.anchored_at - row.sealed_at).total_seconds()))
-                for row in conn.execute(statement)]
-
-
 async def plots_page(request: web.Request) -> web.Response:
     session = await current_session(request)
     if session is None:
@@ -614,7 +467,7 @@ async def plots_page(request: web.Request) -> web.Response:
     since = search.since or until - timedelta(hours=24)
     points = await asyncio.to_thread(_plot_points, request.app[LEDGER], since, until,
                                      session.scope)
-    lag = await asyncio.to_thread(anchor_lag, request.app[LEDGER], since, until)
+    lag = await asyncio.to_thread(request.app[LEDGER].mirror.anchor_lags, since, until)
     changes = fingerprint_changes(points)
     labels = dict(TIMELINE_FIELDS)
     change_rows = "".join(
@@ -625,8 +478,8 @@ async def plots_page(request: web.Request) -> web.Response:
     capped = (f"<p>Only the first {PLOT_MAX_RECORDS} records of the range are plotted.</p>"
               if len(points) >= PLOT_MAX_RECORDS else "")
     main = template("plots.html").substitute(
-        since=escape(_iso(since)),
-        until=escape(_iso(until)), count=len(points), capped=capped,
+        since=escape(iso_minute(since)),
+        until=escape(iso_minute(until)), count=len(points), capped=capped,
         rpm=bar_chart_svg(per_minute(points), title="records (requests) per minute"),
         timeline=timeline_svg(points, changes), change_rows=change_rows,
         latency=phase_charts_svg(points, title="p50 and p99 per minute (from the records' "

@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 from ledger.checkpoint import Checkpoint
 from ledger.errors import LedgerError
-from ledger.verify import Evidence
+from ledger.verify import Evidence, LeafEvidence
 
 ASSETS = Path(__file__).resolve().parent / "console"
 STATIC_TYPES = {"verify.js": "text/javascript", "console.css": "text/css"}
@@ -110,12 +110,20 @@ def evidence_dict(evidence: Evidence) -> dict[str, Any]:
         # A v2 leaf (decision 0026): its body, and the environment leaf a record names.
         **({} if evidence.body is None else {
             "body_base64": base64.b64encode(evidence.body).decode()}),
-        **({} if evidence.environment is None else {"environment": {
-            "leaf_index": evidence.environment.leaf_index,
-            "envelope_base64": base64.b64encode(evidence.environment.envelope).decode(),
-            "body_base64": base64.b64encode(evidence.environment.body).decode(),
-            "inclusion_proof": [h.hex() for h in evidence.environment.inclusion_proof]}}),
+        **({} if evidence.environment is None else {
+            "environment": _leaf_dict(evidence.environment)}),
+        # A streamed v2 record's stream start leaf (decision 0050), checked as the CLI does.
+        **({} if evidence.stream_start is None else {
+            "stream_start": _leaf_dict(evidence.stream_start)}),
     }
+
+
+def _leaf_dict(leaf: LeafEvidence) -> dict[str, Any]:
+    """Another leaf a v2 record names, with its own inclusion proof."""
+    return {"leaf_index": leaf.leaf_index,
+            "envelope_base64": base64.b64encode(leaf.envelope).decode(),
+            "body_base64": base64.b64encode(leaf.body).decode(),
+            "inclusion_proof": [h.hex() for h in leaf.inclusion_proof]}
 
 
 def evidence_script(evidence: dict[str, Any]) -> str:

@@ -18,22 +18,24 @@ from aiohttp import web
 
 from inference_wrapper.server.appkeys import LEDGER, SETTINGS, SIGNER
 from inference_wrapper.server.console import (
-    BadField,
     _to_login,
     current_session,
+    error_page,
     page,
-    parse_search,
     search_error,
 )
 from inference_wrapper.server.console_pages import shown
+from inference_wrapper.server.console_search import BadField, parse_search
 from ledger.checkpoint import NoteVerifier
 from ledger.client.proved_window import prove_window_from
 from ledger.errors import InvalidInputError, VerificationError
-from ledger.store.sql import SqlLedger
+from ledger.store.log_api import PublishableLog
 from ledger.store.tile_reads import StoreTiles
 from ledger.witness.client import parse_witnesses
 from ledger.witness.cosignatures import cosigned_note
 
+# About 1.5 s of reading and hashing per 100,000 leaves here; a larger window is the CLI's.
+PROVE_MAX_LEAVES = 200_000
 NOTICE = ("<p id=\"operator-hosted\">This is the operator-hosted proof: the operator's "
           "server read the leaves and checked them. To check it without trusting this "
           "server, run <code>audit-ledger console --server URL</code> (the local console "
@@ -41,7 +43,7 @@ NOTICE = ("<p id=\"operator-hosted\">This is the operator-hosted proof: the oper
           "</code>.</p>")
 
 
-def prove(ledger: SqlLedger, verifier: NoteVerifier, witness_setting: str, since: datetime,
+def prove(ledger: PublishableLog, verifier: NoteVerifier, witness_setting: str, since: datetime,
           until: datetime, filters: dict[str, str]) -> str:
     """The answer's sentence: complete (and how the checkpoint is vouched for), or why
     it cannot be proven. Raises nothing a caller must map: every refusal is a sentence."""
@@ -52,14 +54,14 @@ def prove(ledger: SqlLedger, verifier: NoteVerifier, witness_setting: str, since
     witnesses = [w.key for w in parse_witnesses(witness_setting)]
     try:
         answer, _, vouched = prove_window_from(
-            StoreTiles(ledger.engine, note), verifier, since, until,
+            StoreTiles(ledger.tiles, note), verifier, since, until,
             filters, witnesses=witnesses, quorum=1 if witnesses else None)
     except (VerificationError, InvalidInputError) as exc:
         return f"cannot be proven: {exc}"
     if vouched == "UNWITNESSED":
         # The first anchor covering the checkpoint's last leaf (an anchor of this size or a
         # later one, which a consistency proof ties to it).
-        last = ledger.mirror.record_at(answer.tree_size - 1)
+        last = ledger.record_at(answer.tree_size - 1)
         vouched = (f"an anchor ({last.anchor_ref})" if last is not None and last.anchor_ref
                    else "only the log key (neither witnessed nor anchored)")
     return f"{answer.summary()}; checkpoint size {answer.tree_size} vouched for by {vouched}"
@@ -81,6 +83,15 @@ async def prove_page(request: web.Request) -> web.Response:
         return search_error(exc, session, "Cannot prove")
     filters = {k: v for k, v in search.filters.items() if v}
     app = request.app
+    # The proof reads every leaf of the window, every tenant's: bounded, as exports are.
+    leaves = await asyncio.to_thread(app[LEDGER].mirror.count, since=search.since,
+                                     until=search.until)
+    if leaves > PROVE_MAX_LEAVES:
+        return error_page(422, "Window too large for the console",
+                          f"this window holds {leaves} leaves; the console proves at most "
+                          f"{PROVE_MAX_LEAVES}: narrow the time range, or run `audit-ledger "
+                          "query --prove`, which reads the tiles on your own machine",
+                          session, field="until")
     verdict = await asyncio.to_thread(prove, app[LEDGER], app[SIGNER].verifier(),
                                       app[SETTINGS].witnesses, search.since, search.until,
                                       filters)

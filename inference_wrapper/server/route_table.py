@@ -30,11 +30,14 @@ from inference_wrapper.server.routes_openai import (
 )
 from inference_wrapper.server.routes_ops import healthz, metrics, readyz
 from inference_wrapper.server.routes_records import (
+    MATCH_VALUES,
+    MAX_FILTER_CHARS,
     MAX_RECORDS_LIMIT,
     QUERY_PARAMS,
     anchored_checkpoint,
     consistency,
     get_record,
+    known_values,
     latest_checkpoint,
     list_records,
     public_key,
@@ -48,7 +51,7 @@ from inference_wrapper.server.tiles import (
     tlog_tile,
 )
 from inference_wrapper.server.validation import MAX_QUERY_INT, Field, openapi_schema
-from ledger.store.mirror import CURSOR_PATTERN
+from ledger.store.mirror import EXACT_FILTERS, PAGE_CURSOR_PATTERN, PAGE_ORDERS
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,12 @@ RESPONSES: dict[str, dict[str, Any]] = {
         "id": _STR, "object": {"const": "model"}, "created": _INT, "owned_by": _STR,
         "digest": _STR, "pinned": {"type": "boolean"}})}}),
     "records": _obj({"records": {"type": "array", "items": _ROW},
-                     "next_cursor": {"type": ["string", "null"]}}),
+                     "next_cursor": {"type": ["string", "null"]},
+                     "previous_cursor": {"type": ["string", "null"]}},
+                    {"total": _INT}),  # with total=true
+    "known_values": _obj({name: {"type": "array", "items": _STR}
+                          for name in ("model_name", "model_digest", "accelerator_model",
+                                       "driver_version", "service_revision")}),
     "record": _ROW,
     "proof": _obj({"record_id": _STR, "leaf_index": _INT, "leaf_hash": _HEX,
                    "inclusion_proof": {"type": "array", "items": _HEX}, **_NOTE},
@@ -168,6 +176,10 @@ ROUTES = (
     Route("GET", "/v1/records", list_records, "query the mirror", query=QUERY_PARAMS,
           response=RESPONSES["records"],
           roles=READER_ROLES),
+    Route("GET", "/v1/known-values", known_values,
+          "the distinct model names, digests, accelerators, drivers and revisions of the "
+          "records the key may read (a console's pick-lists)",
+          response=RESPONSES["known_values"], roles=READER_ROLES),
     Route("GET", "/v1/records/{record_id}", get_record, "one record with its bytes",
           response=RESPONSES["record"],
           roles=READER_ROLES),
@@ -241,7 +253,12 @@ _QUERY_SCHEMAS: dict[str, dict[str, Any]] = {
     "tree_size": {"type": "integer", "minimum": 0, "maximum": MAX_QUERY_INT},
     "from": {"type": "integer", "minimum": 0, "maximum": MAX_QUERY_INT},
     "to": {"type": "integer", "minimum": 0, "maximum": MAX_QUERY_INT},
-    "cursor": {"type": "string", "pattern": CURSOR_PATTERN},
+    "cursor": {"type": "string", "pattern": PAGE_CURSOR_PATTERN},
+    "match": {"type": "string", "enum": list(MATCH_VALUES)},
+    "order": {"type": "string", "enum": list(PAGE_ORDERS)},
+    "total": {"type": "boolean"},
+    **{name: {"type": "string", "minLength": 1, "maxLength": MAX_FILTER_CHARS}
+       for name in EXACT_FILTERS},
     "since": {"type": "string", "format": "date-time"},
     "until": {"type": "string", "format": "date-time"},
 }

@@ -14,13 +14,19 @@ from inference_wrapper.server.access import caller, readable_tenant
 from inference_wrapper.server.appkeys import INTEGRATOR, LEDGER, SETTINGS, SIGNER
 from inference_wrapper.server.problems import Problem, invalid
 from inference_wrapper.server.validation import MAX_QUERY_INT, query_int
-from ledger.anchor.store import SqlAnchorStore
 from ledger.errors import InvalidInputError
 from ledger.store.log_api import RecordRow
-from ledger.store.mirror import QUERY_FILTERS, decode_cursor
+from ledger.store.mirror import (
+    EXACT_FILTERS,
+    PAGE_ORDERS,
+    PARTIAL_FILTERS,
+    MirrorPage,
+    decode_position,
+)
 from ledger.witness.cosignatures import cosigned_note
 
 MAX_RECORDS_LIMIT = 10_000
+MAX_FILTER_CHARS = 1_000  # longer than any name the mirror holds
 
 
 def _row_json(row: RecordRow, include_bytes: bool = False) -> dict[str, Any]:
@@ -67,7 +73,40 @@ def _parse_time(request: web.Request, name: str) -> datetime | None:
     return moment
 
 
-QUERY_PARAMS = ("since", "until", "limit", "cursor", *QUERY_FILTERS)
+# The search the console offers, through the API (decision 0047): exact filters (the
+# model's name too), parts of names with ``match=part``, three orders, cursors both ways
+# and, when asked, the total.
+QUERY_PARAMS = ("since", "until", "limit", "cursor", *EXACT_FILTERS, "match", "order",
+                "total")
+MATCH_VALUES = ("whole", "part")
+BOOLEAN_VALUES = {"true": True, "false": False}
+
+
+def _choice(request: web.Request, name: str, allowed: tuple[str, ...], default: str) -> str:
+    value = request.query.get(name, default)
+    if value not in allowed:
+        raise invalid(name, f"must be one of {', '.join(allowed)}", status=400)
+    return value
+
+
+def _search_terms(request: web.Request, scope: str | None, role: str
+                  ) -> tuple[dict[str, str | None], dict[str, str]]:
+    """The exact filters and the parts of names a request names; a tenant-scoped key
+    searches its own tenant only (naming another: 403, field tenant)."""
+    match = _choice(request, "match", MATCH_VALUES, "whole")
+    named = {name: request.query.get(name) for name in EXACT_FILTERS}
+    for name, value in named.items():
+        if value is not None and (not value or len(value) > MAX_FILTER_CHARS):
+            raise invalid(name, f"must be 1 to {MAX_FILTER_CHARS} characters", status=400)
+    contains = ({name: value for name, value in named.items()
+                 if name in PARTIAL_FILTERS and value is not None} if match == "part" else {})
+    filters = {name: value for name, value in named.items() if name not in contains}
+    if scope is not None:
+        if filters["tenant"] not in (None, scope):
+            raise Problem(403, "Forbidden", f"a {role} key of tenant {scope!r} reads only "
+                          "that tenant's records", field="tenant")
+        filters["tenant"] = scope
+    return filters, contains
 
 
 async def list_records(request: web.Request) -> web.Response:
@@ -75,32 +114,53 @@ async def list_records(request: web.Request) -> web.Response:
     for name in request.query:
         if name not in QUERY_PARAMS:
             raise invalid(name, f"unknown query parameter {name!r}", status=400)
-    filters = {name: request.query.get(name) for name in QUERY_FILTERS}
-    scope = readable_tenant(key)
-    if scope is not None:
-        if filters["tenant"] not in (None, scope):
-            raise Problem(403, "Forbidden", f"a {key.role} key of tenant {scope!r} reads only "
-                          "that tenant's records", field="tenant")
-        filters["tenant"] = scope
+    filters, contains = _search_terms(request, readable_tenant(key), key.role)
+    order = _choice(request, "order", PAGE_ORDERS, "leaf")
+    with_total = BOOLEAN_VALUES.get(request.query.get("total", "false"))
+    if with_total is None:
+        raise invalid("total", "must be true or false", status=400)
     limit = query_int(request.query.get("limit"), "limit", default=100, low=1,
                       high=MAX_RECORDS_LIMIT)
     cursor = request.query.get("cursor")
     if cursor is not None:
         try:
-            position = decode_cursor(cursor)
+            place = decode_position(cursor)
         except InvalidInputError as exc:
             raise invalid("cursor", exc.reason, status=400) from exc
-        if position > MAX_QUERY_INT:  # a forged cursor must not overflow the SQL integer
+        if place.leaf_index > MAX_QUERY_INT:  # a forged cursor must not overflow SQL
             raise invalid("cursor", "is not a cursor this service issued", status=400)
-    ledger = request.app[LEDGER]
+        if place.order != order:
+            raise invalid("cursor", f"belongs to order {place.order!r}, not {order!r}; "
+                          "search again", status=400)
+    since, until = _parse_time(request, "since"), _parse_time(request, "until")
+    mirror = request.app[LEDGER].mirror
+
+    def search() -> tuple[MirrorPage, int | None]:
+        found = mirror.page(since=since, until=until, limit=limit, cursor=cursor,
+                            order=order, filters=filters, contains=contains)
+        total = (mirror.count(since=since, until=until, filters=filters, contains=contains)
+                 if with_total else None)
+        return found, total
+
     try:
-        rows, cursor = await asyncio.to_thread(
-            lambda: ledger.mirror.query(since=_parse_time(request, "since"),
-                                        until=_parse_time(request, "until"), limit=limit,
-                                        cursor=cursor, **filters))
+        found, total = await asyncio.to_thread(search)
     except InvalidInputError as exc:
         raise invalid(exc.field, exc.reason, status=400) from exc
-    return web.json_response({"records": [_row_json(r) for r in rows], "next_cursor": cursor})
+    answer: dict[str, Any] = {"records": [_row_json(r) for r in found.rows],
+                              "next_cursor": found.next_cursor,
+                              "previous_cursor": found.previous_cursor}
+    if total is not None:
+        answer["total"] = total
+    return web.json_response(answer)
+
+
+async def known_values(request: web.Request) -> web.Response:
+    """The distinct model names and digests, accelerators, drivers and service revisions
+    of the records this key may read: the pick-lists of a console (a tenant's key learns
+    only its own tenant's)."""
+    scope = readable_tenant(caller(request))
+    known = await asyncio.to_thread(request.app[LEDGER].mirror.known_values, scope)
+    return web.json_response(known)
 
 
 async def _visible_record(request: web.Request) -> RecordRow:
@@ -171,7 +231,7 @@ async def latest_checkpoint(request: web.Request) -> web.Response:
 
 
 async def anchored_checkpoint(request: web.Request) -> web.Response:
-    anchored = await asyncio.to_thread(SqlAnchorStore(request.app[LEDGER].engine).latest)
+    anchored = await asyncio.to_thread(request.app[LEDGER].anchors.latest)
     if anchored is None:
         raise Problem(404, "Not Found", "no checkpoint has been anchored yet")
     return web.json_response({"tree_size": anchored.size, "kind": anchored.kind,

@@ -25,8 +25,6 @@ from ledger.store.tile_reads import (
     TileNotFoundError,
     covered,
     read_body_bundle,
-    read_entries,
-    read_hash_tile,
 )
 from ledger.witness.cosignatures import cosigned_note
 
@@ -58,14 +56,14 @@ async def tlog_tile(request: web.Request) -> web.Response:
         raise Problem(404, "Not Found", "the latest checkpoint does not cover this tile")
     try:
         if ref.entries:
-            entries = await asyncio.to_thread(read_entries, ledger.engine, ref.first,
+            entries = await asyncio.to_thread(ledger.tiles.entries, ref.first,
                                               ref.first + ref.width)
             if readable_tenant(key) is not None and not tiles.only_envelopes(entries):
                 raise Problem(403, "Forbidden", "this bundle holds whole records of every "
                               "tenant: an all-tenant reader's key is needed")
             body = tiles.encode_bundle(entries)
         else:
-            body = await asyncio.to_thread(read_hash_tile, ledger.engine, ref)
+            body = await asyncio.to_thread(ledger.tiles.hash_tile, ref)
     except TileNotFoundError as exc:
         raise Problem(404, "Not Found", "the tile is not stored") from exc
     return web.Response(body=body, headers={"Content-Type": "application/octet-stream",
@@ -90,7 +88,7 @@ async def tlog_bodies(request: web.Request) -> web.Response:
     if latest is None or not covered(ref, latest.size):
         raise Problem(404, "Not Found", "the latest checkpoint does not cover this bundle")
     try:
-        body = await asyncio.to_thread(read_body_bundle, ledger.engine, tag, ref)
+        body = await asyncio.to_thread(read_body_bundle, ledger.tiles, tag, ref)
     except TileNotFoundError as exc:
         raise Problem(404, "Not Found", "no leaf of this tag is in this bundle") from exc
     return web.Response(body=body, headers={"Content-Type": "application/octet-stream",

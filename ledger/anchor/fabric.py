@@ -31,7 +31,6 @@ from fabric_protos.msp import identities_pb2
 from fabric_protos.peer import chaincode_pb2, proposal_pb2, transaction_pb2
 from google.protobuf import timestamp_pb2
 
-from ledger.anchor.store import AnchoredCheckpoint, AnchorStore, SqlAnchorStore
 from ledger.checkpoint import NoteVerifier
 from ledger.errors import (
     BackendConfigurationError,
@@ -40,7 +39,7 @@ from ledger.errors import (
     InvalidInputError,
     VerificationError,
 )
-from ledger.store.sql import SqlLedger
+from ledger.store.log_api import AnchoredCheckpoint, AnchoredLog, AnchorStore
 
 log = logging.getLogger(__name__)
 
@@ -355,10 +354,10 @@ class FabricAnchor:
 
     kind = "fabric"
 
-    def __init__(self, ledger: SqlLedger, gateway: FabricGateway, verifier: NoteVerifier,
+    def __init__(self, ledger: AnchoredLog, gateway: FabricGateway, verifier: NoteVerifier,
                  origin: str, store: AnchorStore | None = None) -> None:
         self.ledger, self.gateway, self.verifier, self.origin = ledger, gateway, verifier, origin
-        self.store: AnchorStore = store or SqlAnchorStore(ledger.engine)
+        self.store: AnchorStore = store or ledger.anchors
 
     def prepare(self) -> None:
         """Register the log's key (idempotent: the chaincode accepts the same key again)."""

@@ -8,9 +8,8 @@ checkpoint this log committed to" and keeps the verification path the same.
 
 from __future__ import annotations
 
-from ledger.anchor.store import AnchoredCheckpoint, AnchorStore, SqlAnchorStore
 from ledger.checkpoint import NoteVerifier, check_extends
-from ledger.store.sql import SqlLedger
+from ledger.store.log_api import AnchoredCheckpoint, AnchoredLog, AnchorStore
 
 __all__ = ["AnchoredCheckpoint", "LocalAnchor"]
 
@@ -18,12 +17,12 @@ __all__ = ["AnchoredCheckpoint", "LocalAnchor"]
 class LocalAnchor:
     kind = "local"
 
-    def __init__(self, ledger: SqlLedger, verifier: NoteVerifier, origin: str,
+    def __init__(self, ledger: AnchoredLog, verifier: NoteVerifier, origin: str,
                  store: AnchorStore | None = None) -> None:
         self.ledger = ledger
         self.verifier = verifier
         self.origin = origin
-        self.store: AnchorStore = store or SqlAnchorStore(ledger.engine)
+        self.store: AnchorStore = store or ledger.anchors
 
     def prepare(self) -> None:
         """Nothing to register: the table is created by the migrations."""

@@ -29,13 +29,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
-from ledger.anchor.store import AnchorStore, SqlAnchorStore
 from ledger.errors import (
     BackendConfigurationError,
     BackendUnavailableError,
     VerificationError,
 )
-from ledger.store.sql import SqlLedger
+from ledger.store.log_api import AnchorStore, StoredCheckpoint
 
 log = logging.getLogger(__name__)
 POLICIES = ("keep-serving", "fail-closed")
@@ -51,6 +50,20 @@ class Anchor(Protocol):
     def anchor(self, note: bytes) -> object: ...
 
 
+class CheckpointOutbox(Protocol):
+    """What the worker reads of the log: its checkpoints, the outbox of anchoring, and
+    the anchors recorded for them."""
+
+    def latest_checkpoint(self) -> StoredCheckpoint | None: ...
+
+    def checkpoints_after(self, size: int) -> tuple[int, datetime | None, int]:
+        """(how many checkpoints are larger than ``size``, the oldest one's seal time,
+        the largest size)."""
+
+    @property
+    def anchors(self) -> AnchorStore: ...
+
+
 @dataclass(frozen=True)
 class AnchorStatus:
     anchored_size: int
@@ -61,7 +74,7 @@ class AnchorStatus:
 
 
 class AnchorWorker:
-    def __init__(self, ledger: SqlLedger, anchor: Anchor, *, interval_s: float = 1.0,
+    def __init__(self, ledger: CheckpointOutbox, anchor: Anchor, *, interval_s: float = 1.0,
                  max_backoff_s: float = 30.0, config_backoff_s: float = 300.0,
                  lag_slo_s: float = 10.0, policy: str = "keep-serving",
                  store: AnchorStore | None = None,
@@ -69,8 +82,7 @@ class AnchorWorker:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}")
         self.ledger, self.anchor = ledger, anchor
-        self.store: AnchorStore = store or getattr(anchor, "store", None) or SqlAnchorStore(
-            ledger.engine)
+        self.store: AnchorStore = store or getattr(anchor, "store", None) or ledger.anchors
         self.interval_s, self.max_backoff_s = interval_s, max_backoff_s
         self.config_backoff_s = config_backoff_s
         self.lag_slo_s, self.policy = lag_slo_s, policy

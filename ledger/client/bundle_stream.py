@@ -7,22 +7,19 @@ chunks: the header first, then the entries, one page of mirror rows at a time, s
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Iterator
 from datetime import datetime
 
-from ledger.anchor.store import SqlAnchorStore
-from ledger.bundle import BUNDLE_FORMAT
-from ledger.client.exporter import DEFAULT_EARLIER_SIZES
+from ledger.bundle import BUNDLE_FORMAT, entry_json, leaves_json
+from ledger.client.exporter import DEFAULT_EARLIER_SIZES, BundledLog, NamedLeaves
 from ledger.errors import BackendError
-from ledger.store.sql import SqlLedger
 from ledger.witness.cosignatures import cosigned_note
 
 PAGE = 500
 
 
-def bundle_chunks(ledger: SqlLedger, since: datetime | None, until: datetime | None,
+def bundle_chunks(ledger: BundledLog, since: datetime | None, until: datetime | None,
                   filters: dict[str, str], contains: dict[str, str] | None = None
                   ) -> Iterator[str]:
     """The bundle of the matching records at the latest checkpoint, as text chunks. The
@@ -30,7 +27,7 @@ def bundle_chunks(ledger: SqlLedger, since: datetime | None, until: datetime | N
     latest = ledger.latest_checkpoint()
     if latest is None:
         raise BackendError("the log has no checkpoint yet")
-    anchored = SqlAnchorStore(ledger.engine).latest()
+    anchored = ledger.anchors.latest()
     anchor = None
     if anchored is not None:
         low, high = sorted((anchored.size, latest.size))
@@ -46,19 +43,20 @@ def bundle_chunks(ledger: SqlLedger, since: datetime | None, until: datetime | N
                              for s in earlier[-DEFAULT_EARLIER_SIZES:]},
     }
     yield json.dumps(header)[:-1] + ', "entries": [\n'
+    named = NamedLeaves(ledger, latest.size)
     first, cursor = True, None
     while True:
         found = ledger.mirror.page(since=since, until=until, limit=PAGE, cursor=cursor,
                                    filters=filters, contains=contains)
         rows, cursor = found.rows, found.next_cursor
-        entries = [json.dumps({"record_id": r.record_id, "leaf_index": r.leaf_index,
-                               "canonical": base64.b64encode(r.canonical).decode(),
-                               "inclusion_proof": [h.hex() for h in ledger.inclusion_proof(
-                                   r.leaf_index, latest.size)]})
+        entries = [json.dumps(entry_json(named.entry(r)))
                    for r in rows if r.leaf_index < latest.size]
         if entries:
             yield ("" if first else ",\n") + ",\n".join(entries)
             first = False
         if cursor is None:
             break
-    yield "\n]}\n"
+    # The leaves the v2 entries name, each once (few environments; one start per
+    # streamed record, bounded by the export's cap).
+    yield ("\n], " + json.dumps({"environments": leaves_json(named.environments),
+                                  "stream_starts": leaves_json(named.starts)})[1:] + "\n")

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from ledger.anchor.store import SqlAnchorStore
 from ledger.client.sources import (
     ProofUnavailableError,
     RecordEvidence,
     RecordNotFoundError,
     StoredLeaf,
+    named_start_id,
 )
 from ledger.errors import BackendError, InvalidInputError
-from ledger.store.sql import SqlLedger
+from ledger.store.log_api import EvidenceLog
 from ledger.witness.cosignatures import cosigned_note
 
 
 class DatabaseSource:
-    def __init__(self, ledger: SqlLedger) -> None:
+    def __init__(self, ledger: EvidenceLog) -> None:
         self.ledger = ledger
 
     def record(self, record_id: str) -> RecordEvidence:
@@ -35,7 +35,16 @@ class DatabaseSource:
             if named is not None and named.body is not None:
                 environment = StoredLeaf(named.leaf_index, named.canonical, named.body)
         return RecordEvidence(record_id, row.canonical, row.leaf_index, leaf, row.anchor_ref,
-                              row.body, environment)
+                              row.body, environment, self._stream_start(row.body))
+
+    def _stream_start(self, body: bytes | None) -> StoredLeaf | None:
+        """The leaf of the id a streamed v2 record names, whatever it is (check 1 judges
+        it); None when the log has none."""
+        start_id = named_start_id(body)
+        row = None if start_id is None else self.ledger.get_record(start_id)
+        if row is None or row.body is None:
+            return None
+        return StoredLeaf(row.leaf_index, row.canonical, row.body)
 
     def leaf_inclusion(self, record: RecordEvidence, leaf_index: int, size: int
                        ) -> list[bytes]:
@@ -65,7 +74,7 @@ class DatabaseSource:
             raise ProofUnavailableError(f"the log's tree lacks a node: {exc}") from exc
 
     def anchored(self) -> tuple[bytes, str] | None:
-        latest = SqlAnchorStore(self.ledger.engine).latest()
+        latest = self.ledger.anchors.latest()
         return (latest.note, latest.ref) if latest else None
 
 

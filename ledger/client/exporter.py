@@ -1,4 +1,4 @@
-"""Building evidence bundles from a database or a server."""
+"""Building evidence bundles from a log (a database's, or the in-memory twin) or a server."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ import base64
 import urllib.parse
 from collections.abc import Callable
 from datetime import datetime
+from typing import Protocol
 
-from ledger.anchor.store import SqlAnchorStore
 from ledger.bundle import Bundle, BundleEntry
 from ledger.checkpoint import Checkpoint
-from ledger.client.sources import ServerSource
+from ledger.client.sources import RecordNotFoundError, ServerSource, named_start_id
 from ledger.errors import BackendError
-from ledger.store.sql import SqlLedger
+from ledger.store.log_api import EvidenceLog, RecordRow
+from ledger.store.mirror import MirrorPages
 from ledger.verify import LeafEvidence
 from ledger.witness.cosignatures import cosigned_note
 
@@ -20,54 +21,81 @@ Progress = Callable[[int, int | None], None]
 DEFAULT_EARLIER_SIZES = 1000
 
 
-def export_from_db(url: str, since: datetime | None, until: datetime | None,
-                   filters: dict[str, str], progress: Progress | None = None,
-                   log_key: str = "", since_size: int | None = None) -> Bundle:
+class BundledLog(EvidenceLog, Protocol):
+    """The evidence of a log and the mirror pages its bundled records are chosen from."""
+
+    @property
+    def mirror(self) -> MirrorPages: ...
+
+
+def export_from_log(ledger: BundledLog, since: datetime | None, until: datetime | None,
+                    filters: dict[str, str], progress: Progress | None = None,
+                    log_key: str = "", since_size: int | None = None) -> Bundle:
     """A bundle of the matching records at the latest checkpoint, with consistency proofs
     from every earlier checkpoint size >= ``since_size`` (see ``ledger.bundle``); by
     default from the latest ``DEFAULT_EARLIER_SIZES`` checkpoint sizes (a log sealing
     every second publishes 86,400 a day: proofs from all of them would swamp a bundle)."""
-    with SqlLedger(url) as ledger:
-        latest = ledger.latest_checkpoint()
-        if latest is None:
-            raise BackendError("the log has no checkpoint yet")
-        entries: list[BundleEntry] = []
-        environments: dict[int, LeafEvidence] = {}
-        cursor: str | None = None
-        while True:
-            rows, cursor = ledger.mirror.query(since=since, until=until, limit=1000, cursor=cursor,
-                                               **filters)
-            for row in rows:
-                if row.leaf_index < latest.size:
-                    entries.append(BundleEntry(row.record_id, row.leaf_index, row.canonical,
-                                               ledger.inclusion_proof(row.leaf_index,
-                                                                      latest.size),
-                                               row.body, row.environment_index))
-                    index = row.environment_index
-                    if index is not None and index not in environments:  # each once
-                        named = ledger.record_at(index)
-                        if named is not None and named.body is not None:
-                            environments[index] = LeafEvidence(
-                                index, named.canonical, named.body,
-                                ledger.inclusion_proof(index, latest.size))
-            if progress:
-                progress(len(entries), None)
-            if cursor is None:
-                break
-        anchored = SqlAnchorStore(ledger.engine).latest()
-        consistency: list[bytes] = []
-        if anchored is not None:
-            low, high = sorted((anchored.size, latest.size))
-            consistency = ledger.consistency_proof(low, high) if low < high else []
-        earlier = [c.size for c in ledger.iter_checkpoints()
-                   if max(since_size or 0, 1) <= c.size < latest.size]
-        if since_size is None:
-            earlier = earlier[-DEFAULT_EARLIER_SIZES:]
-        proofs_from = {s: ledger.consistency_proof(s, latest.size) for s in earlier}
-        origin = latest.note.split(b"\n", 1)[0].decode()
-        return Bundle(origin, log_key, cosigned_note(ledger, latest.size, latest.note), entries,
-                      anchored.note if anchored else None, anchored.ref if anchored else None,
-                      consistency, proofs_from, environments)
+    latest = ledger.latest_checkpoint()
+    if latest is None:
+        raise BackendError("the log has no checkpoint yet")
+    entries: list[BundleEntry] = []
+    named = NamedLeaves(ledger, latest.size)
+    cursor: str | None = None
+    while True:
+        found = ledger.mirror.page(since=since, until=until, limit=1000, cursor=cursor,
+                                   filters=filters)
+        entries += [named.entry(row) for row in found.rows if row.leaf_index < latest.size]
+        if progress:
+            progress(len(entries), None)
+        cursor = found.next_cursor
+        if cursor is None:
+            break
+    anchored = ledger.anchors.latest()
+    consistency: list[bytes] = []
+    if anchored is not None:
+        low, high = sorted((anchored.size, latest.size))
+        consistency = ledger.consistency_proof(low, high) if low < high else []
+    earlier = [c.size for c in ledger.iter_checkpoints()
+               if max(since_size or 0, 1) <= c.size < latest.size]
+    if since_size is None:
+        earlier = earlier[-DEFAULT_EARLIER_SIZES:]
+    proofs_from = {s: ledger.consistency_proof(s, latest.size) for s in earlier}
+    origin = latest.note.split(b"\n", 1)[0].decode()
+    return Bundle(origin, log_key, cosigned_note(ledger, latest.size, latest.note), entries,
+                  anchored.note if anchored else None, anchored.ref if anchored else None,
+                  consistency, proofs_from, named.environments, named.starts)
+
+
+class NamedLeaves:
+    """Bundle entries for mirror rows at one checkpoint size, and the other leaves their
+    v2 records name (environment leaves, stream starts), each gathered once with its
+    inclusion proof: a bundle carries them beside the entries."""
+
+    def __init__(self, ledger: BundledLog, size: int) -> None:
+        self.ledger, self.size = ledger, size
+        self.environments: dict[int, LeafEvidence] = {}
+        self.starts: dict[int, LeafEvidence] = {}
+
+    def entry(self, row: RecordRow) -> BundleEntry:
+        start_id = named_start_id(row.body)
+        start = None if start_id is None else self.ledger.get_record(start_id)
+        if start is not None and start.leaf_index < self.size:
+            self._keep(self.starts, start)
+        index = row.environment_index
+        if index is not None and index not in self.environments:
+            environment = self.ledger.record_at(index)
+            if environment is not None:
+                self._keep(self.environments, environment)
+        return BundleEntry(row.record_id, row.leaf_index, row.canonical,
+                           self.ledger.inclusion_proof(row.leaf_index, self.size),
+                           row.body, row.environment_index,
+                           None if start is None else start.leaf_index)
+
+    def _keep(self, leaves: dict[int, LeafEvidence], row: RecordRow) -> None:
+        if row.body is not None and row.leaf_index not in leaves:
+            leaves[row.leaf_index] = LeafEvidence(
+                row.leaf_index, row.canonical, row.body,
+                self.ledger.inclusion_proof(row.leaf_index, self.size))
 
 
 def export_from_server(base_url: str, api_key: str, since: datetime | None,
@@ -88,6 +116,7 @@ def export_from_server(base_url: str, api_key: str, since: datetime | None,
         query["until"] = until.isoformat()
     entries: list[BundleEntry] = []
     environments: dict[int, LeafEvidence] = {}
+    starts: dict[int, LeafEvidence] = {}  # stream start leaves, by index
     cursor = None
     while True:
         page = server.get("/v1/records", **query, limit=500,
@@ -99,12 +128,15 @@ def export_from_server(base_url: str, api_key: str, since: datetime | None,
             proof = server.get(f"/v1/records/{quoted}/proof", tree_size=size)
             full = server.get(f"/v1/records/{quoted}")
             named = full.get("environment")
+            body = base64.b64decode(full["body_base64"]) if "body_base64" in full else None
+            start = _server_start(server, named_start_id(body), size)
+            if start is not None:
+                starts[start.leaf_index] = start
             entries.append(BundleEntry(row["record_id"], int(row["leaf_index"]),
                                        base64.b64decode(full["canonical_base64"]),
                                        [bytes.fromhex(h) for h in proof["inclusion_proof"]],
-                                       base64.b64decode(full["body_base64"])
-                                       if "body_base64" in full else None,
-                                       int(named["leaf_index"]) if named else None))
+                                       body, int(named["leaf_index"]) if named else None,
+                                       None if start is None else start.leaf_index))
             if named and int(named["leaf_index"]) not in environments:  # each once
                 environments[int(named["leaf_index"])] = LeafEvidence(
                     int(named["leaf_index"]), base64.b64decode(named["envelope_base64"]),
@@ -117,13 +149,32 @@ def export_from_server(base_url: str, api_key: str, since: datetime | None,
             break
     anchored = server.anchored()
     consistency: list[bytes] = []
-    starts = set(since_sizes)
+    sizes = set(since_sizes)
     if anchored is not None:
         low, high = sorted((Checkpoint.peek(anchored[0]).size, size))
         consistency = server.consistency(low, high) if low < high else []
-        starts.add(low)
-    proofs_from = {start: server.consistency(start, size) for start in sorted(starts)
-                   if 0 < start < size}
+        sizes.add(low)
+    proofs_from = {first: server.consistency(first, size) for first in sorted(sizes)
+                   if 0 < first < size}
     return Bundle(key["origin"], key["verifier_key"], note, entries,
                   anchored[0] if anchored else None, anchored[1] if anchored else None,
-                  consistency, proofs_from, environments)
+                  consistency, proofs_from, environments, starts)
+
+
+def _server_start(server: ServerSource, start_id: str | None, size: int
+                  ) -> LeafEvidence | None:
+    """The stream start leaf a streamed record names, with its proof at ``size``; None
+    when the server has none this key may read (the verifier then fails check 1)."""
+    if start_id is None:
+        return None
+    quoted = urllib.parse.quote(start_id, safe="")
+    try:
+        full = server.get(f"/v1/records/{quoted}")
+        proof = server.get(f"/v1/records/{quoted}/proof", tree_size=size)
+    except RecordNotFoundError:
+        return None
+    if "body_base64" not in full:
+        return None
+    return LeafEvidence(int(full["leaf_index"]), base64.b64decode(full["canonical_base64"]),
+                        base64.b64decode(full["body_base64"]),
+                        [bytes.fromhex(h) for h in proof["inclusion_proof"]])

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from ledger import merkle
 from ledger.body_bundles import envelope_tag
+from ledger.canonical import parse_strict
 from ledger.checkpoint import Checkpoint, NoteVerifier
 from ledger.cosignature import WitnessKey, valid_cosigners
 from ledger.errors import InvalidInputError, LeafBindingError
@@ -107,12 +108,22 @@ class LeafFilter:
             raise InvalidInputError(sorted(self.others)[0].replace("_", "-"),
                                     "v2 leaves are filtered by it through their bodies; "
                                     "this source carries envelopes only")
-        leaf = open_leaf(entry, self.reader.body(index, entry), self.origin)
+        body = self.reader.body(index, entry)
+        named = _named_environment(body)
+        if named is not None and not self._matches(self._environment(index, *named)):
+            # Cannot match: its environment, read unambiguously and bound (index, hash,
+            # engine), is not the filter's. Only a record that matches is opened whole
+            # (its kind's rules, its envelope's time and tag), as v1 records are parsed.
+            return False
+        leaf = open_leaf(entry, body, self.origin)
         ref = leaf.content.get("environment")
         if ref is None:  # a log-wide leaf (an environment) has no filter columns of its own
             return False
         columns = self._environment(index, int(ref["leaf_index"]), str(ref["leaf_hash"]),
                                     str(leaf.content["engine"]))
+        return self._matches(columns)
+
+    def _matches(self, columns: Mapping[str, str | None]) -> bool:
         return all(str(columns.get(name)) == value for name, value in self.others.items())
 
     def _environment(self, index: int, at: int, leaf_hash: str, engine: str
@@ -141,6 +152,33 @@ class LeafFilter:
             raise LeafBindingError(f"leaf {index} ran on {engine}, the environment leaf {at} "
                                    f"it names is {known[1]}'s")
         return known[2]
+
+
+# The members a record's environment is read from before the record is opened.
+_NAMED = (b'"environment"', b'"engine"', b'"leaf_index"', b'"leaf_hash"')
+
+
+def _named_environment(body: bytes) -> tuple[int, str, str] | None:
+    """(leaf index, leaf hash, engine) of the environment a record body names, read with
+    one meaning, or None when the body names none in that shape (the caller then opens
+    the leaf strictly and says what is wrong). Without a backslash every key is spelled
+    out in the bytes, so each of these occurring once means no duplicate could give the
+    record another environment, and the quick parser reads them as the strict one would;
+    otherwise the strict parser reads the body."""
+    try:
+        if b"\\" not in body and all(body.count(key) == 1 for key in _NAMED):
+            content = json.loads(body.decode("utf-8"))
+        else:
+            content = parse_strict(body)
+    except (ValueError, RecursionError):  # CanonicalFormError is a ValueError
+        return None
+    ref = content.get("environment") if isinstance(content, dict) else None
+    if not isinstance(ref, dict):
+        return None
+    at, leaf_hash, engine = ref.get("leaf_index"), ref.get("leaf_hash"), content.get("engine")
+    if type(at) is not int or not isinstance(leaf_hash, str) or not isinstance(engine, str):
+        return None
+    return at, leaf_hash, engine
 
 
 def prove_filtered_window(log: Any, since: datetime, until: datetime,

@@ -10,7 +10,7 @@ import contextlib
 import urllib.error
 import urllib.parse
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ledger.canonical import parse_strict, strict_int
@@ -43,6 +43,9 @@ class RecordEvidence:
     anchor_ref: str | None
     body: bytes | None = None  # a v2 leaf's body (``canonical`` is its envelope)
     environment: StoredLeaf | None = None  # the environment leaf a v2 record names
+    # The stream start leaf a streamed v2 record names (None: none named, or the source
+    # has no leaf of that id; check 1 then fails naming it).
+    stream_start: StoredLeaf | None = None
 
 
 class RecordNotFoundError(BackendError):
@@ -81,21 +84,8 @@ def gather(source: EvidenceSource, record_id: str,
     """
     record = source.record(record_id)
     proof, note = source.inclusion(record)
-    environment: LeafEvidence | None = None
-    if record.environment is not None:
-        size_now = _size(note)
-        environment_proof: list[bytes] = []
-        if size_now is not None:
-            try:
-                environment_proof = source.leaf_inclusion(
-                    record, record.environment.leaf_index, size_now)
-            except BackendUnavailableError:
-                raise
-            except (BackendError, InvalidInputError, LookupError):
-                pass  # no proof: check 2 fails on the environment leaf and says so
-        environment = LeafEvidence(
-            record.environment.leaf_index, record.environment.envelope,
-            record.environment.body, environment_proof)
+    environment = _with_proof(source, record, record.environment, _size(note))
+    stream_start = _with_proof(source, record, record.stream_start, _size(note))
     anchored = anchor_reader() if anchor_reader is not None else source.anchored()
     anchor_consistency: list[bytes] | None = []
     seen_consistency: list[bytes] | None = []
@@ -118,9 +108,40 @@ def gather(source: EvidenceSource, record_id: str,
         anchor_consistency=anchor_consistency, seen_consistency=seen_consistency,
         log_leaf_hash=record.log_leaf_hash,
         anchor_from_fabric=anchor_reader is not None and anchored is not None,
-        body=record.body, environment=environment,
+        body=record.body, environment=environment, stream_start=stream_start,
         log_size=source.log_size() if hasattr(source, "log_size") else None,
     )
+
+
+def _with_proof(source: EvidenceSource, record: RecordEvidence, leaf: StoredLeaf | None,
+                size: int | None) -> LeafEvidence | None:
+    """A leaf the record names, with its inclusion proof at the checkpoint's size (empty
+    when the source cannot give one: check 2 then fails on that leaf and says so)."""
+    if leaf is None:
+        return None
+    proof: list[bytes] = []
+    if size is not None:
+        try:
+            proof = source.leaf_inclusion(record, leaf.leaf_index, size)
+        except BackendUnavailableError:
+            raise
+        except (BackendError, InvalidInputError, LookupError):
+            pass
+    return LeafEvidence(leaf.leaf_index, leaf.envelope, leaf.body, proof)
+
+
+def named_start_id(body: bytes | None) -> str | None:
+    """The stream start record id a v2 record's body names, read to fetch that leaf
+    (nothing here is trusted: check 1 opens both leaves). None for any other body."""
+    if body is None:
+        return None
+    try:
+        content = parse_strict(body)
+    except ValueError:
+        return None
+    stream = content.get("stream") if isinstance(content, dict) else None
+    named = stream.get("start_record_id") if isinstance(stream, dict) else None
+    return named if isinstance(named, str) and named else None
 
 
 def _size(note: bytes) -> int | None:
@@ -164,6 +185,7 @@ class ServerSource:
         self.api_key = api_key
         self.timeout_s = timeout_s
         self._proofs: dict[str, dict[str, Any]] = {}
+        self._starts: dict[str, str] = {}  # record id -> the stream start id it names
 
     def get(self, path: str, **query: Any) -> dict[str, Any]:
         url = self.base_url + path
@@ -196,20 +218,49 @@ class ServerSource:
         with _fields(f"/v1/records/{quoted}"):
             anchor_ref = body.get("anchor_ref")
             environment = body.get("environment")
-            return RecordEvidence(
+            leaf_body = (base64.b64decode(body["body_base64"], validate=True)
+                         if "body_base64" in body else None)
+            evidence = RecordEvidence(
                 record_id, base64.b64decode(body["canonical_base64"], validate=True),
                 strict_int(body["leaf_index"], "leaf_index"),
                 bytes.fromhex(proof["leaf_hash"]),
-                None if anchor_ref is None else str(anchor_ref),
-                base64.b64decode(body["body_base64"], validate=True)
-                if "body_base64" in body else None,
+                None if anchor_ref is None else str(anchor_ref), leaf_body,
                 None if environment is None else StoredLeaf(
                     strict_int(environment["leaf_index"], "environment.leaf_index"),
                     base64.b64decode(environment["envelope_base64"], validate=True),
                     base64.b64decode(environment["body_base64"], validate=True)))
+        start_id = named_start_id(leaf_body)
+        if start_id is None:
+            return evidence
+        self._starts[record_id] = start_id
+        return replace(evidence, stream_start=self._stream_start(start_id))
+
+    def _stream_start(self, start_id: str) -> StoredLeaf | None:
+        """The leaf of that id as this key may read it; None when the server has none
+        (it answers another tenant's record as none)."""
+        path = f"/v1/records/{urllib.parse.quote(start_id, safe='')}"
+        try:
+            start = self.get(path)
+        except RecordNotFoundError:
+            return None
+        with _fields(path):
+            if "body_base64" not in start:  # a v1 leaf: no v2 record names one
+                return None
+            return StoredLeaf(strict_int(start["leaf_index"], "leaf_index"),
+                              base64.b64decode(start["canonical_base64"], validate=True),
+                              base64.b64decode(start["body_base64"], validate=True))
 
     def leaf_inclusion(self, record: RecordEvidence, leaf_index: int, size: int
                        ) -> list[bytes]:
+        if record.stream_start is not None and leaf_index == record.stream_start.leaf_index:
+            quoted = urllib.parse.quote(self._starts[record.record_id], safe="")
+            path = f"/v1/records/{quoted}/proof"
+            answer = self.get(path, tree_size=size)
+            with _fields(path):
+                if strict_int(answer["leaf_index"], "leaf_index") != leaf_index:
+                    raise MalformedAnswerError(f"{path}: the proof is for leaf "
+                                               f"{answer['leaf_index']}")
+                return [bytes.fromhex(h) for h in answer["inclusion_proof"]]
         # The record's proof answer carries its environment's proof at the same size.
         path = f"/v1/records/{urllib.parse.quote(record.record_id, safe='')}/proof"
         proof = self._proofs.get(record.record_id) or self.get(path)

@@ -34,6 +34,11 @@ FETCH_THREADS = 8
 MAX_FILE_BYTES = tiles.TILE_WIDTH * (2 + tiles.MAX_ENTRY_BYTES)
 
 
+class RefusedError(BackendUnavailableError):
+    """The source answered but will not give this caller the file (HTTP 401 or 403: a
+    tenant's key asking for another tenant's bodies)."""
+
+
 class TileSource(Protocol):
     def get(self, path: str) -> bytes | None:
         """A file under the log's prefix, or None when there is none."""
@@ -55,6 +60,8 @@ class HttpTiles:
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None
+            if exc.code in (401, 403):
+                raise RefusedError(f"{path}: HTTP {exc.code}") from exc
             raise BackendUnavailableError(f"{path}: HTTP {exc.code}") from exc
         except OSError as exc:
             raise BackendUnavailableError(f"{self.prefix}: {exc}") from exc
@@ -84,6 +91,7 @@ class TiledLog:
         self.nodes = TileNodes(self.size, self.read)
         self._bundles: dict[int, list[bytes]] = {}
         self._bodies: dict[tuple[int, str | None], dict[int, bytes]] = {}
+        self._tags: dict[int, dict[str | None, list[int]]] = {}
         self._proved: dict[int, bytes] = {}
 
     def read(self, ref: TileRef) -> bytes:
@@ -107,6 +115,12 @@ class TiledLog:
             self._bundles[n] = tiles.decode_bundle(self.read(ref), ref.width)
         return self._bundles[n]
 
+    def tags(self, n: int) -> dict[str | None, list[int]]:
+        """Entry bundle ``n``'s v2 leaves by tenant tag (positions in it), read once."""
+        if n not in self._tags:
+            self._tags[n] = body_bundles.tags_of(self.bundle(n))
+        return self._tags[n]
+
     def bodies(self, n: int, tag: str | None) -> dict[int, bytes]:
         """The bodies of ``tag``'s v2 leaves in entry bundle ``n``, by leaf index, each
         checked against its envelope (``ledger.body_bundles``)."""
@@ -116,7 +130,7 @@ class TiledLog:
             if ref is None:
                 raise MalformedProofError(f"bundle {n} is beyond a tree of size {self.size}")
             entries = self.bundle(n)
-            positions = body_bundles.tags_of(entries).get(tag, [])
+            positions = self.tags(n).get(tag, [])
             if not positions:
                 self._bodies[key] = {}
                 return self._bodies[key]
@@ -145,7 +159,7 @@ class TiledLog:
         ``[start, end)``, whose entry bundles were read already."""
         wanted: list[tuple[int, str | None]] = []
         for n in range(start // tiles.TILE_WIDTH, (end - 1) // tiles.TILE_WIDTH + 1):
-            present = body_bundles.tags_of(self.bundle(n))
+            present = self.tags(n)
             wanted.extend((n, tag) for tag in present if tags is None or tag in tags)
         with ThreadPoolExecutor(FETCH_THREADS) as pool:
             for _ in pool.map(lambda key: self.bodies(*key), wanted):

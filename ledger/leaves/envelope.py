@@ -142,8 +142,10 @@ def parse_envelope(envelope: bytes) -> dict[str, Any]:
 
 
 # An envelope exactly as ``envelope_bytes`` writes it: RFC 8785 text whose values need no
-# escapes, so a full match is the canonical form and its groups are the members.
-_CANONICAL_ENVELOPE = re.compile(
+# escapes, so a full match is the canonical form and its groups are the members (body
+# digest, time, kind, tenant tag or None), each that member's only value. The time is
+# matched in form only (``canonical_envelope`` checks it is an instant).
+CANONICAL_ENVELOPE = re.compile(
     rb'\{"body":"(sha256:[0-9a-f]{64})","created_at":"([0-9]{4}-[0-9]{2}-[0-9]{2}T'
     rb'[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z)","kind":"([a-z0-9][a-z0-9/._-]{0,63})",'
     rb'"schema":"audit-leaf/v2","tenant_tag":(?:null|"(sha256:[0-9a-f]{64})")\}')
@@ -153,7 +155,7 @@ def canonical_envelope(envelope: bytes) -> dict[str, Any] | None:
     """The members of an envelope in canonical form with plain values (every envelope the
     writer makes), without the JSON parser: exactly what ``parse_envelope`` returns for
     those bytes. None for any other bytes (``parse_envelope`` then judges them)."""
-    found = _CANONICAL_ENVELOPE.fullmatch(envelope)
+    found = CANONICAL_ENVELOPE.fullmatch(envelope)
     if found is None or not is_timestamp(found.group(2).decode("ascii")):
         return None
     body, created_at, kind, tag = found.groups()

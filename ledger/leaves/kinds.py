@@ -12,6 +12,7 @@ from typing import Any
 from ledger import merkle
 from ledger.canonical import parse_canonical, parse_strict
 from ledger.errors import CanonicalFormError, LeafBindingError
+from ledger.leaves.batch_layouts import BatchLayouts
 from ledger.leaves.content_leaves import (
     ACCESS_KIND,
     ERASURE_KIND,
@@ -22,6 +23,7 @@ from ledger.leaves.envelope import (
     Leaf,
     canonical_envelope,
     check_body_digest,
+    envelope_bytes,
     parse_envelope,
     tenant_tag,
 )
@@ -44,11 +46,20 @@ V2_KINDS: dict[str, tuple[Callable[[Mapping[str, Any]], None], bool]] = {
 NAMES_ENVIRONMENT = frozenset((RECORD_KIND, STREAM_START_KIND))
 
 
-def open_leaf(envelope: bytes, body: bytes, origin: str, *, strict: bool = False) -> Leaf:
+def open_leaf(envelope: bytes, body: bytes, origin: str, *, strict: bool = False,
+              layouts: BatchLayouts | None = None) -> Leaf:
     """The leaf these bytes make, or the error that says why they make none: the
     envelope's shape, the body's digest, the body's kind rules, and the envelope's
     kind, time and tenant tag against the body's. ``strict`` also refuses bytes that are
-    not in canonical form (what the writer produced; fsck checks it)."""
+    not in canonical form (what the writer produced; fsck checks it). ``layouts``: a
+    bulk reader's, which proves most records by their batch's layout (same rules)."""
+    if layouts is not None:
+        record = layouts.read(body)
+        # The envelope the writer makes for this body: equal bytes are a canonical
+        # envelope naming its digest, kind, time and tenant tag.
+        if record is not None and envelope == envelope_bytes(
+                RECORD_KIND, record["created_at"], tenant_tag(origin, record["tenant"]), body):
+            return Leaf(envelope, body, merkle.hash_leaf(envelope), RECORD_KIND, record)
     fields = canonical_envelope(envelope)
     canonical = fields is not None  # then it needs no second parse under ``strict``
     if fields is None:
@@ -60,9 +71,9 @@ def open_leaf(envelope: bytes, body: bytes, origin: str, *, strict: bool = False
         raise CanonicalFormError(f"kind must be one of {sorted(V2_KINDS)}",
                                  field="envelope.kind")
     validate, tenant_scoped = rules
-    content = parse_canonical(body) if strict else parse_strict(body)
+    content = _canonical(body, "body") if strict else parse_strict(body)
     if strict and not canonical:
-        parse_canonical(envelope)
+        _canonical(envelope, "envelope")
     if not isinstance(content, dict) or content.get("schema") != kind:
         raise LeafBindingError(f"the envelope's kind is {kind}, the body's schema is "
                                f"{content.get('schema') if isinstance(content, dict) else None}")
@@ -76,4 +87,16 @@ def open_leaf(envelope: bytes, body: bytes, origin: str, *, strict: bool = False
             f"the envelope's tenant tag {fields['tenant_tag']} is not "
             + (f"the tag of tenant {content['tenant']!r} in log {origin!r}" if tenant_scoped
                else "null (a log-wide leaf has none)"))
+    if layouts is not None and kind == RECORD_KIND:
+        layouts.learn(content, body)
     return Leaf(envelope, body, merkle.hash_leaf(envelope), kind, content)
+
+
+def _canonical(data: bytes, part: str) -> Any:
+    """``parse_canonical``, its error naming the part (``body``, ``envelope``): a v2
+    leaf's bytes must be the very bytes its digests commit to (decision 0050)."""
+    try:
+        return parse_canonical(data)
+    except CanonicalFormError as exc:
+        raise CanonicalFormError(f"must be the canonical bytes committed to: {exc.reason}",
+                                 field=part) from exc

@@ -185,7 +185,7 @@ def build_records_v2(
             body = canonical_bytes(content)
             firsts[optional] = (content, body)
         else:  # the rest share all but the row's own leaves
-            _validate_row_leaves(content)
+            validate_row_leaves(content)
             layout = layouts.get(optional)
             if layout is None:  # compiled at the second of a kind: a batch of one pays none
                 layout = Layout(first[0], [*ROW_LEAVES, *optional])
@@ -202,7 +202,7 @@ def build_records_v2(
     return leaves
 
 
-def _validate_row_leaves(body: Mapping[str, Any]) -> None:
+def validate_row_leaves(body: Mapping[str, Any]) -> None:
     """``validate_record_v2``'s rules for the leaves in ``ROW_LEAVES`` and the optional
     ones: a body whose other leaves are a validated body's passes exactly when the full
     rules would pass it."""

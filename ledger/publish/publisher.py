@@ -6,13 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Engine
-
 from ledger.body_bundles import body_path, split_bodies
 from ledger.checkpoint import Checkpoint
 from ledger.errors import RollbackError
 from ledger.publish.sink import TileSink
-from ledger.store.tile_reads import read_hash_tile, read_leaves
+from ledger.store.log_api import TileReads
 from ledger.tiles import CHECKPOINT_PATH, encode_bundle, tiles_between
 
 
@@ -23,7 +21,7 @@ class Published:
     files: int
 
 
-def publish(engine: Engine, note: bytes, sink: TileSink) -> Published:
+def publish(reads: TileReads, note: bytes, sink: TileSink) -> Published:
     """Write the tiles and bundles of the signed ``note``'s tree that ``sink`` lacks, then
     ``note`` itself (with whatever cosignatures it carries)."""
     size = Checkpoint.peek(note).size
@@ -34,11 +32,11 @@ def publish(engine: Engine, note: bytes, sink: TileSink) -> Published:
     files = 0
     for ref in tiles_between(old, size):
         if not ref.entries:
-            sink.put_immutable(ref.path, read_hash_tile(engine, ref))
+            sink.put_immutable(ref.path, reads.hash_tile(ref))
             files += 1
             continue
         # The bodies first: a reader that sees an entry bundle finds its bodies there.
-        leaves = read_leaves(engine, ref.first, ref.first + ref.width)
+        leaves = reads.leaves(ref.first, ref.first + ref.width)
         entries = [entry for entry, _ in leaves]
         for tag, bodies in split_bodies(entries, [body for _, body in leaves]).items():
             sink.put_immutable(body_path(tag, ref), encode_bundle(bodies))

@@ -11,7 +11,7 @@ from ledger.publish.directory import DirectorySink
 from ledger.publish.publisher import publish
 from ledger.publish.s3 import S3Sink
 from ledger.publish.sink import TileSink
-from ledger.store.sql import SqlLedger
+from ledger.store.log_api import PublishableLog
 from ledger.witness.cosignatures import cosigned_note
 
 log = logging.getLogger(__name__)
@@ -25,17 +25,17 @@ def open_sink(location: str, retention_days: int | None = None) -> TileSink:
     return DirectorySink(Path(location))
 
 
-def publish_latest(ledger: SqlLedger, sink: TileSink) -> int:
+def publish_latest(ledger: PublishableLog, sink: TileSink) -> int:
     """Publish the latest checkpoint; returns its size (0 when there is none yet)."""
     latest = ledger.latest_checkpoint()
     if latest is None:
         return 0
     note = cosigned_note(ledger, latest.size, latest.note)
-    return publish(ledger.engine, note, sink).size
+    return publish(ledger.tiles, note, sink).size
 
 
 class PublishWorker:
-    def __init__(self, ledger: SqlLedger, sink: TileSink, interval_s: float = 5.0) -> None:
+    def __init__(self, ledger: PublishableLog, sink: TileSink, interval_s: float = 5.0) -> None:
         self.ledger, self.sink, self.interval_s = ledger, sink, interval_s
         self.published = 0  # the size last published
         self.last_error: str | None = None

@@ -108,6 +108,14 @@ class ApiKeyStore:
                 secret_hash = known[0]
             self._cache = {**self._cache, key.key_id: (secret_hash, key)}
 
+    def is_active(self, key_id: str) -> bool:
+        """Whether the key exists and is not revoked, read from the database (not the
+        cache): a console session lives only as long as its key."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(api_keys.c.revoked_at)
+                               .where(api_keys.c.key_id == key_id)).first()
+        return row is not None and row.revoked_at is None
+
     def create(self, tenant: str, role: str, *, all_tenants: bool = False
                ) -> tuple[str, ApiKey]:
         """Create a key; the full token is returned once and never stored.

@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 from dataclasses import dataclass
+from typing import Protocol
 
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
@@ -49,6 +50,17 @@ class FencingReach:
         return (f"role {self.role!r} is not a member of {' and '.join(self.missing)}: it can "
                 "fence only replicas that connect as the same role; a replica of another "
                 "role frozen mid-statement would hold the sequencer until it wakes")
+
+
+class Fencing(Protocol):
+    """What the lease holder fences through (the SQL ledger; nothing to do on SQLite)."""
+
+    def fence_stuck_writers(self, older_than_s: float) -> list[tuple[int, str, float]]:
+        """End other processes' writer sessions stuck on the sequencer this long; (pid,
+        application name, seconds quiet) of each one ended."""
+
+    def fencing_reach(self) -> FencingReach | None:
+        """Whose stuck writers this replica can end; None where there is no fencing."""
 
 
 def fencing_reach(engine: Engine) -> FencingReach:

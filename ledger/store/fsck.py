@@ -16,7 +16,9 @@ checkpoint_signature, checkpoint_root_mismatch, checkpoint_beyond_log, checkpoin
 anchor_signature, anchor_size_mismatch, anchor_checkpoint_missing,
 anchor_checkpoint_mismatch, anchor_root_mismatch, anchor_beyond_log, anchor_order,
 cosignature_malformed, cosignature_orphan, environment_mismatch (a v2 record names an
-environment leaf that is not before it, has another hash, or is another engine's).
+environment leaf that is not before it, has another hash, or is another engine's),
+stream_start_mismatch (a streamed v2 record names a stream start that is not before it,
+is another tenant's or commits other content: decision 0050).
 
 Cosignature lines (the ``cosignatures`` table) must each be one well-formed signature
 line naming its witness and belong to a stored checkpoint; whether a witness's signature
@@ -27,26 +29,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
-
-from sqlalchemy import select
 
 from ledger import merkle
 from ledger.audit import (
     ENVIRONMENT_MISMATCH,
     RECORD_UNPARSEABLE,
+    STREAM_START_MISMATCH,
     compare_columns,
     environment_reference_problem,
     open_row,
+    stream_link_problem,
 )
 from ledger.checkpoint import Checkpoint, NoteVerifier
 from ledger.cosignature import well_formed_line
 from ledger.errors import LedgerError
+from ledger.leaves.batch_layouts import BatchLayouts
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.environment import ENVIRONMENT_KIND
-from ledger.store.log_api import RecordRow
-from ledger.store.schema import anchors, cosignatures
-from ledger.store.sql import SqlLedger
+from ledger.leaves.stream_link import StartFacts
+from ledger.store.log_api import AnchoredCheckpoint, EvidenceLog, RecordRow
 
 BATCH = 5000
 
@@ -78,30 +79,15 @@ class FsckReport:
         return self.findings[0] if self.findings else None
 
 
-@dataclass(frozen=True)
-class _Anchor:
-    size: int
-    note: bytes
-    kind: str
-    ref: str
-    anchored_at: datetime
-
-
-def read_anchors(ledger: SqlLedger) -> list[_Anchor]:
-    with ledger.engine.connect() as conn:
-        return [_Anchor(int(r.size), bytes(r.note), str(r.kind), str(r.ref), r.anchored_at)
-                for r in conn.execute(select(anchors).order_by(anchors.c.size))]
-
-
 def fsck(
-    ledger: SqlLedger,
+    ledger: EvidenceLog,
     verifier: NoteVerifier,
     progress: Callable[[int, int], None] | None = None,
 ) -> FsckReport:
     size, stored_root = ledger.tree_head()
     report = FsckReport(tree_size=size)
     stored_checkpoints = list(ledger.iter_checkpoints())
-    anchor_rows = read_anchors(ledger)
+    anchor_rows = list(ledger.anchors.iter_anchors())
     known_checkpoints = {c.size for c in stored_checkpoints}
     roots_at: dict[int, bytes] = {}
     wanted_sizes = {c.size for c in stored_checkpoints} | {a.size for a in anchor_rows}
@@ -109,6 +95,8 @@ def fsck(
     rows = ledger.iter_records(0, None, BATCH)
     row = next(rows, None)
     environment_leaves: dict[int, Leaf] = {}  # those seen so far (rows in leaf order)
+    starts: dict[str, StartFacts] = {}  # stream starts not yet completed, by record id
+    layouts = BatchLayouts()  # opens most records by their batch's layout (same rules)
 
     for start in range(0, size, BATCH):
         end = min(start + BATCH, size)
@@ -127,7 +115,8 @@ def fsck(
                 report.findings.append(Finding("record_missing", f"leaf {index}",
                                                "log entry with no mirror row"))
             else:
-                _check_row(row, leaf, report, verifier.name, environment_leaves)
+                _check_row(row, leaf, report, verifier.name, environment_leaves, starts,
+                           layouts)
                 report.records_checked += 1
                 row = next(rows, None)
             created.extend(node for node in compact.append(leaf) if node[0][0] > 0)
@@ -189,29 +178,25 @@ def fsck(
     return report
 
 
-def _check_cosignatures(ledger: SqlLedger, known_checkpoints: set[int],
+def _check_cosignatures(ledger: EvidenceLog, known_checkpoints: set[int],
                         report: FsckReport) -> None:
-    with ledger.engine.connect() as conn:
-        rows = conn.execute(select(cosignatures.c.checkpoint_size, cosignatures.c.witness,
-                                   cosignatures.c.line)
-                            .order_by(cosignatures.c.checkpoint_size, cosignatures.c.witness))
-        for size, witness, line in rows:
-            where = f"cosignature of checkpoint {size} by {witness}"
-            text = str(line)
-            if not well_formed_line(text) or text.split(" ")[1:2] != [str(witness)]:
-                report.findings.append(Finding(
-                    "cosignature_malformed", where,
-                    f"not one signature line in the witness's name: {text[:60]!r} (left "
-                    "out of served notes)"))
-            elif int(size) not in known_checkpoints:
-                report.findings.append(Finding("cosignature_orphan", where,
-                                               "no checkpoint of that size is stored"))
+    for stored in ledger.cosignatures.iter_cosignatures():
+        where = f"cosignature of checkpoint {stored.checkpoint_size} by {stored.witness}"
+        text = stored.line
+        if not well_formed_line(text) or text.split(" ")[1:2] != [stored.witness]:
+            report.findings.append(Finding(
+                "cosignature_malformed", where,
+                f"not one signature line in the witness's name: {text[:60]!r} (left "
+                "out of served notes)"))
+        elif stored.checkpoint_size not in known_checkpoints:
+            report.findings.append(Finding("cosignature_orphan", where,
+                                           "no checkpoint of that size is stored"))
 
 
-def _check_anchors(anchor_rows: list[_Anchor], verifier: NoteVerifier,
+def _check_anchors(anchor_rows: list[AnchoredCheckpoint], verifier: NoteVerifier,
                    signed: dict[int, Checkpoint], known_checkpoints: set[int],
                    roots_at: dict[int, bytes], size: int, report: FsckReport) -> None:
-    previous: _Anchor | None = None
+    previous: AnchoredCheckpoint | None = None
     for anchor in anchor_rows:
         report.anchors_checked += 1
         where = f"anchor {anchor.size} ({anchor.ref})"
@@ -248,7 +233,8 @@ def _check_anchors(anchor_rows: list[_Anchor], verifier: NoteVerifier,
 
 
 def _check_row(row: RecordRow, leaf: bytes, report: FsckReport, origin: str,
-               environment_leaves: dict[int, Leaf]) -> None:
+               environment_leaves: dict[int, Leaf], starts: dict[str, StartFacts],
+               layouts: BatchLayouts) -> None:
     where = f"leaf {row.leaf_index} (record {row.record_id})"
     if merkle.hash_leaf(row.canonical) != leaf:
         report.findings.append(Finding("record_altered", where,
@@ -256,7 +242,7 @@ def _check_row(row: RecordRow, leaf: bytes, report: FsckReport, origin: str,
         return
     body = row.body  # inflated once: the leaf is opened once for every check below
     try:
-        opened = open_row(row.canonical, body, origin, strict=True)
+        opened = open_row(row.canonical, body, origin, strict=True, layouts=layouts)
     except LedgerError as exc:
         report.findings.append(Finding(RECORD_UNPARSEABLE, where,
                                        f"stored bytes are not a record: {exc}"))
@@ -275,3 +261,6 @@ def _check_row(row: RecordRow, leaf: bytes, report: FsckReport, origin: str,
     problem = environment_reference_problem(opened, environment_leaves)
     if problem is not None:
         report.findings.append(Finding(ENVIRONMENT_MISMATCH, where, problem))
+    problem = stream_link_problem(opened, row.leaf_index, starts)
+    if problem is not None:
+        report.findings.append(Finding(STREAM_START_MISMATCH, where, problem))

@@ -28,15 +28,15 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from sqlalchemy.exc import DBAPIError
 
 from ledger.checkpoint import NoteSigner
 from ledger.errors import BackendError, SequencerBusyError
-from ledger.store.fencing import FencingReach
-from ledger.store.lease import Lease, PostgresLease, lease_for
-from ledger.store.log_api import StoredCheckpoint
-from ledger.store.sql import SqlLedger
+from ledger.store.fencing import Fencing, FencingReach
+from ledger.store.lease import Lease, LeasedLog, PostgresLease, lease_for
+from ledger.store.log_api import CheckpointSealer, StoredCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,11 @@ def default_replica_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+class SealedLog(CheckpointSealer, Fencing, LeasedLog, Protocol):
+    """What the integrator works on: a log it seals, whose stuck writers it fences, in a
+    database where it takes its lease."""
+
+
 class Integrator:
     """Seals a checkpoint every ``interval_s`` while it holds the lease, and on demand.
 
@@ -53,7 +58,7 @@ class Integrator:
     lease, and seals when ``interval_s`` has passed since its last seal.
     """
 
-    def __init__(self, ledger: SqlLedger, signer: NoteSigner, origin: str,
+    def __init__(self, ledger: SealedLog, signer: NoteSigner, origin: str,
                  interval_s: float = 1.0, lease: Lease | None = None,
                  replica_id: str | None = None) -> None:
         self.ledger = ledger
@@ -124,7 +129,7 @@ class Integrator:
     def check_fencing_reach(self) -> FencingReach | None:
         """Learn (once) whose stuck writers this replica can fence, and warn if only its
         own role's: it would otherwise silently never fence replicas of another role."""
-        if self.fencing_reach is not None or not self.ledger.is_postgres:
+        if self.fencing_reach is not None or not self.ledger.is_postgres:  # no fencing
             return self.fencing_reach
         try:
             reach = self.ledger.fencing_reach()

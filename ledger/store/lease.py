@@ -14,10 +14,10 @@ import threading
 from pathlib import Path
 from typing import Protocol
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, make_url, text
 from sqlalchemy.engine import Connection
 
-from ledger.store.sql import SqlLedger, make_engine
+from ledger.store.sql import PgSessionSettings, make_engine
 
 log = logging.getLogger(__name__)
 INTEGRATOR_LOCK_KEY = 0x696E7465677261  # "integra"
@@ -30,6 +30,19 @@ class Lease(Protocol):
     def held(self) -> bool: ...
 
 
+class LeasedLog(Protocol):
+    """Where a lease is taken: the log's database and its session bounds."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def pg(self) -> PgSessionSettings: ...
+
+    @property
+    def is_postgres(self) -> bool: ...
+
+
 class PostgresLease:
     """A session-level advisory lock held on its own session, renewed by use.
 
@@ -37,7 +50,7 @@ class PostgresLease:
     churn); the server's idle-session timeout ends any session nobody uses.
     """
 
-    def __init__(self, ledger: SqlLedger, engine: Engine | None = None) -> None:
+    def __init__(self, ledger: LeasedLog, engine: Engine | None = None) -> None:
         self._engine = engine or make_engine(ledger.url, pg=ledger.pg, role="lease")
         self._conn: Connection | None = None
         self._held = False
@@ -129,8 +142,8 @@ class FileLease:
             self._fd = None
 
 
-def lease_for(ledger: SqlLedger) -> Lease:
+def lease_for(ledger: LeasedLog) -> Lease:
     if ledger.is_postgres:
         return PostgresLease(ledger)
-    database = ledger.engine.url.database or ":memory:"
+    database = make_url(ledger.url).database or ":memory:"
     return FileLease(Path(f"{database}.integrator.lock"))

@@ -1,5 +1,8 @@
-"""The log by role (decision 0042): ``Appender`` adds leaves, ``LogReader`` reads the
-tree, its checkpoints and its leaves, ``CheckpointSealer`` signs a new tree head.
+"""The log by role (decisions 0042, 0048): ``Appender`` adds leaves, ``LogReader`` reads
+the tree, its checkpoints and its leaves, ``CheckpointSealer`` signs a new tree head;
+``AnchorStore`` and ``CosignatureStore`` keep what anchors and witnesses said of it, and
+``TileReads`` reads it as tiles; a log hands them out as ``anchors``, ``cosignatures`` and
+``tiles`` (``AnchoredLog``, ``CosignedLog``, ``PublishableLog``).
 
 Callers that only need a role take that Protocol, so the SQL drivers
 (``ledger.store.sql.SqlLedger``, SQLite and PostgreSQL) and the in-memory twin
@@ -22,6 +25,7 @@ from ledger.errors import InvalidInputError, LedgerError
 from ledger.leaves.body_codec import unpack_body
 from ledger.leaves.envelope import Leaf
 from ledger.record import AuditRecord
+from ledger.tiles import TileRef
 
 # What the log appends: a v1 record (its bytes are the leaf) or a v2 leaf (decision 0026).
 LogLeaf = AuditRecord | Leaf
@@ -43,6 +47,24 @@ class StoredCheckpoint:
     note: bytes
     sealed_at: datetime
     sealed_by: str | None = None  # the replica that sealed it; not part of the signed note
+
+
+@dataclass(frozen=True)
+class AnchoredCheckpoint:
+    size: int
+    note: bytes
+    kind: str  # "local" or "fabric"
+    ref: str  # "local:<size>" or "fabric:<channel>:<txid>:<block>"
+    anchored_at: datetime
+
+
+@dataclass(frozen=True)
+class StoredCosignature:
+    """A witness's cosignature line for one checkpoint, as stored (no trailing newline)."""
+
+    checkpoint_size: int
+    witness: str
+    line: str
 
 
 @dataclass(frozen=True)
@@ -195,3 +217,89 @@ class CheckpointSealer(Protocol):
                         lock_wait_s: float | None = None) -> StoredCheckpoint | None:
         """A checkpoint of the current head if the tree grew since the last; else None.
         ``SequencerBusyError`` when ``lock_wait_s`` ran out behind another writer."""
+
+
+class AnchorStore(Protocol):
+    """The anchors recorded for the log's checkpoints. Which anchor covers a leaf follows
+    from the anchor sizes (the first anchor larger than its index, decision 0029)."""
+
+    def latest(self) -> AnchoredCheckpoint | None:
+        """The newest anchored checkpoint, whatever anchor wrote it."""
+
+    def get(self, size: int) -> AnchoredCheckpoint | None:
+        """The anchor recorded for exactly ``size``, if any."""
+
+    def iter_anchors(self) -> Iterator[AnchoredCheckpoint]:
+        """Every recorded anchor, smallest size first."""
+
+    def record(self, size: int, note: bytes, kind: str, ref: str) -> AnchoredCheckpoint:
+        """Store the anchor of checkpoint ``size``. Idempotent: recording a size already
+        stored returns what is stored and changes nothing."""
+
+    def unreferenced_below(self, size: int) -> int:
+        """How many leaves below ``size`` no stored anchor covers yet (for checks)."""
+
+
+class CosignatureStore(Protocol):
+    """Witnesses' cosignature lines, each verified against the witness's pinned key
+    before it is stored (``ledger.witness.client``)."""
+
+    def store(self, size: int, witness: str, line: str, timestamp: int) -> bool:
+        """Keep ``witness``'s line for checkpoint ``size``; False if it had one."""
+
+    def lines(self, size: int) -> list[str]:
+        """The stored lines for checkpoint ``size`` (each ending in a newline), by
+        witness name."""
+
+    def cosigners(self, size: int) -> set[str]:
+        """The witnesses that cosigned checkpoint ``size``."""
+
+    def latest_size(self, witness: str) -> int | None:
+        """The largest checkpoint ``witness`` cosigned (its state, as this log saw it)."""
+
+    def iter_cosignatures(self) -> Iterator[StoredCosignature]:
+        """Every stored line, by checkpoint size then witness name."""
+
+
+class TileNotFoundError(LookupError):
+    """The tile is not part of the tree the latest checkpoint signs (or not yet stored)."""
+
+
+class TileReads(Protocol):
+    """The log's stored tree as tiles (``ledger.tiles``): hash tiles and leaves, each
+    ``TileNotFoundError`` when not all of it is stored."""
+
+    def hash_tile(self, ref: TileRef) -> bytes:
+        """The tile's ``ref.width`` hashes, concatenated."""
+
+    def entries(self, start: int, end: int) -> list[bytes]:
+        """The exact bytes of leaves ``start <= index < end``, in index order."""
+
+    def leaves(self, start: int, end: int) -> list[tuple[bytes, bytes | None]]:
+        """Leaves ``start <= index < end`` as (exact bytes, a v2 leaf's body or None)."""
+
+
+class AnchoredLog(LogReader, Protocol):
+    """A log reader with the anchors recorded for its checkpoints."""
+
+    @property
+    def anchors(self) -> AnchorStore: ...
+
+
+class CosignedLog(LogReader, Protocol):
+    """A log reader with its witnesses' cosignatures."""
+
+    @property
+    def cosignatures(self) -> CosignatureStore: ...
+
+
+class PublishableLog(CosignedLog, Protocol):
+    """A cosigned log that is read (and published) as tiles."""
+
+    @property
+    def tiles(self) -> TileReads: ...
+
+
+class EvidenceLog(AnchoredLog, CosignedLog, Protocol):
+    """Everything a bundle or a verifier's evidence is read from: the tree, its leaves,
+    checkpoints, cosignatures and anchors."""

@@ -1,7 +1,8 @@
 """The in-memory twin of the SQL drivers (decision 0042).
 
 ``MemoryLog`` plays every role the SQL ledger plays (``Appender``, ``LogReader``,
-``CheckpointSealer``, ``IdentityStore``) over plain Python structures under one lock, for
+``CheckpointSealer``, ``IdentityStore``, and ``EvidenceLog`` with its anchors and
+cosignatures) over plain Python structures under one lock, for
 tests of the floors above and for the shared contract test that holds all drivers to the
 same behaviour. "Durable" here means held by this object: an append's answer comes only
 after its leaf, its tree nodes and its row are all in place, never before.
@@ -16,22 +17,27 @@ from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ledger import merkle
+from ledger import merkle, tiles
 from ledger.checkpoint import Checkpoint, NoteSigner
 from ledger.errors import BackendUnavailableError, DuplicateRecordError
+from ledger.leaves.body_codec import unpack_body
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.environment import ENVIRONMENT_COLUMNS
 from ledger.leaves.mirror import environment_row
+from ledger.store.anchors import MemoryAnchorStore
+from ledger.store.cosignatures import MemoryCosignatures
 from ledger.store.log_api import (
     LogLeaf,
     LogMeta,
     Receipt,
     RecordRow,
     StoredCheckpoint,
+    TileNotFoundError,
     TreeProofs,
     parse_timestamp,
 )
 from ledger.store.rows import row_columns
+from ledger.tiles import TileRef
 
 # Columns a RecordRow names itself; the rest of a row are its ``columns``.
 _OWN = frozenset({"leaf_index", "record_id", "created_at", "tenant", "canonical", "body",
@@ -51,6 +57,9 @@ class MemoryLog(TreeProofs):
         self._checkpoints: list[StoredCheckpoint] = []  # by size, ascending
         self._meta: LogMeta | None = None
         self._closed = False
+        self.anchors = MemoryAnchorStore(log_size=lambda: self.tree_head()[0])
+        self.cosignatures = MemoryCosignatures()
+        self.tiles = _MemoryTiles(self)
 
     # --- lifecycle (the SQL ledger's, so either fits a ``with``) -------------------------
 
@@ -153,6 +162,12 @@ class MemoryLog(TreeProofs):
             stored = list(self._checkpoints)
         yield from stored
 
+    def checkpoints_after(self, size: int) -> tuple[int, datetime | None, int]:
+        with self._lock:
+            later = [c for c in self._checkpoints if c.size > size]
+        return (len(later), min((c.sealed_at for c in later), default=None),
+                later[-1].size if later else size)
+
     # --- LogReader: leaves ------------------------------------------------------------
 
     def record_at(self, leaf_index: int) -> RecordRow | None:
@@ -185,11 +200,13 @@ class MemoryLog(TreeProofs):
                 columns[name] = environment.get(name)
         sizes = [c.size for c in self._checkpoints]
         at = bisect.bisect_right(sizes, index)
+        anchored = list(self.anchors.iter_anchors())  # the first one larger covers it
+        covering = bisect.bisect_right([a.size for a in anchored], index)
         return RecordRow(
             leaf_index=index, record_id=stored["record_id"], created_at=stored["created_at"],
             tenant=stored["tenant"], columns=columns, canonical=stored["canonical"],
             checkpoint_size=sizes[at] if at < len(sizes) else None,
-            anchor_ref=None,  # anchors are the anchor store's (``MemoryAnchorStore``)
+            anchor_ref=anchored[covering].ref if covering < len(anchored) else None,
             stored_body=stored["body"], environment_index=stored["environment_index"])
 
     # --- IdentityStore ----------------------------------------------------------------
@@ -206,10 +223,37 @@ class MemoryLog(TreeProofs):
             return self._meta
 
 
+class _MemoryTiles:
+    """The twin's tree and leaves as tiles (``TileReads``)."""
+
+    def __init__(self, log: MemoryLog) -> None:
+        self._log = log
+
+    def hash_tile(self, ref: TileRef) -> bytes:
+        level = ref.level * tiles.TILE_HEIGHT
+        with self._log._lock:
+            found = [self._log._nodes.get((level, i)) for i in range(ref.first,
+                                                                     ref.first + ref.width)]
+        if None in found:
+            raise TileNotFoundError(ref.path)
+        return b"".join(node for node in found if node is not None)
+
+    def entries(self, start: int, end: int) -> list[bytes]:
+        return [entry for entry, _ in self.leaves(start, end)]
+
+    def leaves(self, start: int, end: int) -> list[tuple[bytes, bytes | None]]:
+        with self._log._lock:
+            if not 0 <= start <= end <= len(self._log._rows):
+                raise TileNotFoundError(f"leaves [{start}, {end})")
+            rows = self._log._rows[start:end]
+        return [(row["canonical"], None if row["body"] is None else unpack_body(row["body"]))
+                for row in rows]
+
+
 if TYPE_CHECKING:  # mypy holds the twin to every role's Protocol
     from ledger.store.identity import IdentityStore
-    from ledger.store.log_api import Appender, CheckpointSealer, LogReader
+    from ledger.store.log_api import Appender, CheckpointSealer, EvidenceLog, PublishableLog
 
-    def _plays_every_role(log: MemoryLog) -> tuple[Appender, LogReader, CheckpointSealer,
-                                                    IdentityStore]:
-        return log, log, log, log
+    def _plays_every_role(log: MemoryLog) -> tuple[Appender, EvidenceLog, PublishableLog,
+                                                    CheckpointSealer, IdentityStore]:
+        return log, log, log, log, log

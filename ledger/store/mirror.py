@@ -11,10 +11,10 @@ from __future__ import annotations
 import base64
 import bisect
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import Engine, and_, func, or_, select
 from sqlalchemy.engine import Connection
@@ -36,6 +36,16 @@ PARTIAL_FILTERS = ("model_name", "accelerator_model", "driver_version", "service
 # Orders of a page of the mirror: log order, or by time (oldest or newest first), the
 # leaf index breaking ties so that every cursor names one place in the order.
 PAGE_ORDERS = ("leaf", "time", "-time")
+
+
+class MirrorPages(Protocol):
+    """Pages of the mirror's rows by time window, exact filters and parts of names: what
+    a bundle's or a report's records are chosen from."""
+
+    def page(self, *, since: datetime | None = None, until: datetime | None = None,
+             limit: int = 100, cursor: str | None = None, order: str = "leaf",
+             filters: Mapping[str, str | None] | None = None,
+             contains: Mapping[str, str] | None = None) -> MirrorPage: ...
 
 
 class SqlMirror:
@@ -154,6 +164,18 @@ class SqlMirror:
         return {n: sorted({str(v) for v in (row._mapping[n] for row in found)
                            if v is not None}) for n in names}
 
+    def anchor_lags(self, since: datetime, until: datetime) -> list[tuple[datetime, float]]:
+        """Seconds from sealing each checkpoint to anchoring it, for the anchors made in
+        [since, until) (the console's plot)."""
+        statement = (select(anchors.c.anchored_at, checkpoints.c.sealed_at)
+                     .join(checkpoints, checkpoints.c.size == anchors.c.size)
+                     .where(anchors.c.anchored_at >= since, anchors.c.anchored_at < until)
+                     .order_by(anchors.c.anchored_at))
+        with self.engine.connect() as conn:
+            return [(row.anchored_at,
+                     max(0.0, (row.anchored_at - row.sealed_at).total_seconds()))
+                    for row in conn.execute(statement)]
+
     def iter_records(self, start: int = 0, end: int | None = None,
                      batch: int = 5000) -> Iterator[RecordRow]:
         """Every mirror row with ``start <= leaf_index < end``, in index order.
@@ -164,15 +186,23 @@ class SqlMirror:
         """
         position = start
         while True:
-            statement = (select(records).where(records.c.leaf_index >= position)
-                         .order_by(records.c.leaf_index).limit(batch))
-            if end is not None:
-                statement = statement.where(records.c.leaf_index < end)
             with self.engine.connect() as conn:
-                found = conn.execute(statement).all()
-                coverage = _Coverage.read(conn, int(found[0].leaf_index),
-                                          int(found[-1].leaf_index)) if found else None
-            rows = [_record_row(r, coverage) for r in found]
+                # Plain SQL through the driver, each value converted by its column
+                # type's own processor: SQLAlchemy's row objects cost more than the rest
+                # of a full scan's reading.
+                mark = "%s" if conn.dialect.name == "postgresql" else "?"
+                sql = (f"SELECT {', '.join(c.name for c in _SCAN_COLUMNS)} FROM records "
+                       f"WHERE leaf_index >= {mark}"
+                       + (f" AND leaf_index < {mark}" if end is not None else "")
+                       + f" ORDER BY leaf_index LIMIT {int(batch)}")
+                found = conn.exec_driver_sql(
+                    sql, (position,) if end is None else (position, end)).fetchall()
+                convert = [(at, process) for at, column in enumerate(_SCAN_COLUMNS)
+                           if (process := column.type.dialect_impl(conn.dialect)
+                                                .result_processor(conn.dialect, None))]
+                coverage = _Coverage.read(conn, int(found[0][0]),
+                                          int(found[-1][0])) if found else None
+            rows = [_scanned_row(r, convert, coverage) for r in found]
             yield from rows
             if len(rows) < batch:
                 return
@@ -268,6 +298,8 @@ def decode_position(cursor: str) -> Position:
     if (len(parts) != 4 or parts[0] not in ("after", "before") or parts[1] not in PAGE_ORDERS
             or not _ASCII_INTEGER.fullmatch(parts[2]) or not _ASCII_INTEGER.fullmatch(parts[3])
             or not 0 <= int(parts[2]) <= _MAX_MICROS):
+        raise bad
+    if int(parts[3]) > MAX_CURSOR_LEAF:
         raise bad
     return Position(parts[1], parts[0] == "before",
                     _EPOCH + timedelta(microseconds=int(parts[2])), int(parts[3]))
@@ -368,6 +400,34 @@ def _record_row(row: Any, coverage: _Coverage | None = None) -> RecordRow:
     )
 
 
+# ``iter_records``'s columns: the row's own first, then the typed ones (``columns``).
+_OWN_COLUMNS = ("leaf_index", "record_id", "created_at", "tenant", "canonical", "body",
+                "environment_index")
+_TYPED_COLUMNS = tuple(c.name for c in records.c if c.name not in _OWN_COLUMNS)
+_SCAN_COLUMNS = tuple(records.c[name] for name in (*_OWN_COLUMNS, *_TYPED_COLUMNS))
+
+
+def _scanned_row(row: Any, convert: Sequence[tuple[int, Callable[[Any], Any]]],
+                 coverage: _Coverage | None) -> RecordRow:
+    """A driver's row of ``_SCAN_COLUMNS``, each value passed through its column's
+    processor in ``convert`` (by position)."""
+    if convert:
+        row = list(row)
+        for at, process in convert:
+            row[at] = process(row[at])
+    leaf_index, record_id, created_at, tenant, canonical, body, environment_index = row[:7]
+    leaf_index = int(leaf_index)
+    return RecordRow(
+        leaf_index=leaf_index, record_id=record_id, created_at=created_at, tenant=tenant,
+        canonical=bytes(canonical),
+        checkpoint_size=coverage.checkpoint_for(leaf_index) if coverage else None,
+        anchor_ref=coverage.anchor_for(leaf_index) if coverage else None,
+        stored_body=None if body is None else bytes(body),
+        environment_index=environment_index,
+        columns=dict(zip(_TYPED_COLUMNS, row[7:], strict=True)),
+    )
+
+
 def _naive_utc(moment: datetime) -> datetime:
     if moment.tzinfo is not None:
         return moment.astimezone(UTC).replace(tzinfo=None)
@@ -376,6 +436,10 @@ def _naive_utc(moment: datetime) -> datetime:
 
 CURSOR_PATTERN = "^[0-9]{1,15}$"  # what the API document promises (below 2**53, as JSON)
 _DECIMAL_CURSOR = re.compile(CURSOR_PATTERN)
+MAX_CURSOR_LEAF = 2**53 - 1  # a forged cursor must not overflow a SQL integer
+# Every cursor ``page`` issues: the decimal one (log order, forward), or a Position's
+# URL-safe base64 (another order, or backward).
+PAGE_CURSOR_PATTERN = "^(?:[0-9]{1,15}|[A-Za-z0-9_-]{8,96})$"
 _ASCII_INTEGER = re.compile("[0-9]{1,19}")  # str.isdigit() takes '²' and other scripts' digits
 
 
@@ -392,8 +456,14 @@ def decode_cursor(cursor: str) -> int:
     try:  # the base64 "after:N" cursors this service issued before
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         prefix, _, number = text.partition(":")
-        if prefix != "after" or not _ASCII_INTEGER.fullmatch(number):
+        if (prefix != "after" or not _ASCII_INTEGER.fullmatch(number)
+                or int(number) > MAX_CURSOR_LEAF):
             raise ValueError(text)
         return int(number)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInputError("cursor", "is not a cursor this service issued") from exc
+
+
+if TYPE_CHECKING:  # mypy holds the mirror to the Protocol its readers take
+    def _plays_the_role(mirror: SqlMirror) -> MirrorPages:
+        return mirror

@@ -53,6 +53,8 @@ from ledger.errors import (
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.mirror import environment_row
 from ledger.store import fencing
+from ledger.store.anchors import SqlAnchorStore
+from ledger.store.cosignatures import SqlCosignatures
 from ledger.store.fencing import PROCESS_TAG
 from ledger.store.file_modes import private_sqlite_files
 from ledger.store.identity import SqlIdentity
@@ -73,6 +75,7 @@ from ledger.store.schema import (
     tree_state,
 )
 from ledger.store.sqlite_guard import guard_sqlite_engine
+from ledger.store.tile_reads import SqlTileReads
 
 log = logging.getLogger(__name__)
 
@@ -276,9 +279,13 @@ class SqlLedger(TreeProofs):
         self.engine = make_engine(url, pg=self.pg)
         self._writer_engine = make_engine(url, writer=True, sqlite_synchronous=sqlite_synchronous,
                                           pg=self.pg, role="writer")
-        # The log's identity and its mirror live in their own modules (decision 0042).
+        # The log's identity, mirror, anchors, cosignatures and tiles live in their own
+        # modules (decisions 0042, 0048); they share this database's pool.
         self.identity = SqlIdentity(self.engine, self._writer_engine)
         self.mirror = SqlMirror(self.engine)
+        self.anchors = SqlAnchorStore(self.engine)
+        self.cosignatures = SqlCosignatures(self.engine)
+        self.tiles = SqlTileReads(self.engine)
         # Items are single appends or lists of appends made in one event-loop turn.
         self._queue: queue.SimpleQueue[_Pending | list[_Pending] | None] = queue.SimpleQueue()
         self._turn_buffers: dict[asyncio.AbstractEventLoop, list[_Pending]] = {}
@@ -842,8 +849,8 @@ def _checkpoint(row: Any) -> StoredCheckpoint:
 
 if TYPE_CHECKING:  # mypy holds the driver to every role's Protocol
     from ledger.store.identity import IdentityStore
-    from ledger.store.log_api import Appender, CheckpointSealer, LogReader
+    from ledger.store.log_api import Appender, CheckpointSealer, EvidenceLog, PublishableLog
 
-    def _plays_every_role(ledger: SqlLedger) -> tuple[Appender, LogReader, CheckpointSealer,
-                                                       IdentityStore]:
-        return ledger, ledger, ledger, ledger
+    def _plays_every_role(ledger: SqlLedger) -> tuple[Appender, EvidenceLog, PublishableLog,
+                                                       CheckpointSealer, IdentityStore]:
+        return ledger, ledger, ledger, ledger, ledger

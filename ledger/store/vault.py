@@ -76,7 +76,8 @@ CIPHERTEXT_COLUMNS = {"prompt": "prompt_ct", "output": "output_ct",
 
 
 class Appender(Protocol):
-    """The ledger's durable append (``SqlLedger.append``): returns once committed."""
+    """The one call of an ``Appender`` (``ledger.store.log_api``) the vault makes: it
+    returns once the leaf is durable."""
 
     def append(self, record: Leaf, timeout: float | None = 60.0) -> Any: ...
 

@@ -24,9 +24,7 @@ from pathlib import Path
 
 from ledger.cosignature import WitnessKey, add_cosignatures, valid_cosigners
 from ledger.errors import BackendError, BackendUnavailableError, CheckpointFormatError
-from ledger.store.log_api import StoredCheckpoint
-from ledger.store.sql import SqlLedger
-from ledger.witness.cosignatures import cosigners_of, latest_cosigned_size, store_cosignature
+from ledger.store.log_api import CosignedLog, StoredCheckpoint
 from ledger.witness_policy import SIZE_CONTENT_TYPE, AddCheckpoint
 
 log = logging.getLogger(__name__)
@@ -133,7 +131,7 @@ class _Connection:
 class WitnessClient:
     """Gets the ledger's latest checkpoint cosigned by each configured witness."""
 
-    def __init__(self, ledger: SqlLedger, witnesses: Sequence[WitnessEndpoint],
+    def __init__(self, ledger: CosignedLog, witnesses: Sequence[WitnessEndpoint],
                  timeout_s: float = 10.0, max_backoff_s: float = 60.0) -> None:
         self.ledger = ledger
         self.witnesses = list(witnesses)
@@ -155,7 +153,7 @@ class WitnessClient:
         one can no longer be cosigned; a later, larger one will be).
         """
         name = witness.key.name
-        old = latest_cosigned_size(self.ledger.engine, name) or 0
+        old = self.ledger.cosignatures.latest_size(name) or 0
         for _ in range(2):  # the second try starts from the size a 409 told us
             if old > checkpoint.size:
                 log.warning("witness %s has cosigned size %d, beyond our checkpoint %d",
@@ -190,8 +188,8 @@ class WitnessClient:
             except (ValueError, CheckpointFormatError):  # malformed: ignored like a stranger's
                 continue
             if witness.key.name in found:
-                store_cosignature(self.ledger.engine, checkpoint.size, witness.key.name,
-                                  line, found[witness.key.name])
+                self.ledger.cosignatures.store(checkpoint.size, witness.key.name, line,
+                                               found[witness.key.name])
                 return line
         raise WitnessRejected(witness.key.name, 200,
                               "no line of the answer is a valid cosignature by its key")
@@ -202,7 +200,7 @@ class WitnessClient:
         latest = self.ledger.latest_checkpoint()
         if latest is None:
             return 0
-        done = cosigners_of(self.ledger.engine, latest.size)
+        done = self.ledger.cosignatures.cosigners(latest.size)
         stored = 0
         for witness in self.witnesses:
             name = witness.key.name

@@ -24,7 +24,6 @@ from ledger.checkpoint import Checkpoint
 from ledger.cosignature import Cosigner
 from ledger.store.migrate import upgrade
 from ledger.store.sql import SqlLedger
-from ledger.witness.cosignatures import store_cosignature
 from tests.records import make_record
 
 MakeClient = Callable[..., Awaitable[Any]]
@@ -88,7 +87,7 @@ def cosign_latest(app: Any) -> str:
     witness = Cosigner("witness.example/w1", Ed25519PrivateKey.generate())
     now = int(time.time())
     line = witness.cosign(Checkpoint.peek(latest.note).body(), now)
-    store_cosignature(app[LEDGER].engine, latest.size, witness.name, line, now)
+    app[LEDGER].cosignatures.store(latest.size, witness.name, line, now)
     return witness.witness_key.encode()
 
 

@@ -211,6 +211,13 @@ async def test_a_stream_start_leaf_is_checked_with_its_environment_in_the_browse
     await expect(page.locator("#check-2 .reason")).to_contain_text("environment")
     await expect(page.locator("table[data-section=environment-leaf]")).to_contain_text(
         "hardware.")
+    # The completed record names that start leaf (decision 0050): the page carries it
+    # and proves it in the same tree, as `audit-ledger verify` does.
+    await pin_and_verify(page, f"{console.base_url}/console/records/{audit['record_id']}"
+                         f"?leaf={audit['leaf_index']}", console.verifier_key, witness)
+    assert await statuses(page) == {1: "pass", 2: "pass", 3: "pass", 4: "pass"}
+    await expect(page.locator("#check-2 .reason")).to_contain_text(
+        f"stream start leaf {audit['stream_start_leaf_index']}")
 
 
 async def test_without_a_pinned_key_nothing_is_called_verified(

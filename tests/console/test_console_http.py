@@ -17,9 +17,10 @@ from inference_wrapper.server import console as console_module
 from inference_wrapper.server import console_pages
 from inference_wrapper.server.app import KEYS, LEDGER, SETTINGS, create_app
 from inference_wrapper.server.console_sessions import SessionCodec
-from ledger.anchor.store import SqlAnchorStore
 from ledger.checkpoint import NoteVerifier
+from ledger.store.anchors import SqlAnchorStore
 from ledger.verify import Evidence, LeafEvidence, TrustPolicy, verify_record
+from tests.cli_runs import cli_json
 from tests.console.conftest import Console, sign_in
 
 EVIDENCE = re.compile(r'<script type="application/json" id="evidence">(.*?)</script>', re.S)
@@ -252,8 +253,8 @@ async def test_plots_show_the_anchoring_lag_once_something_is_anchored(
         if await asyncio.to_thread(SqlAnchorStore(ledger.engine).latest) is not None:
             break
         await asyncio.sleep(0.05)
-    lag = await asyncio.to_thread(console_module.anchor_lag, ledger,
-                                  datetime(2026, 1, 1), datetime(2100, 1, 1))
+    lag = await asyncio.to_thread(ledger.mirror.anchor_lags, datetime(2026, 1, 1),
+                                  datetime(2100, 1, 1))
     assert lag and all(seconds >= 0 for _, seconds in lag)
     await sign_in(console.client, console.tokens["auditor"])
     page = await (await console.client.get("/console/plots")).text()
@@ -461,3 +462,26 @@ def test_bidi_and_control_characters_are_made_visible() -> None:
         {"record_id": "r", "leaf_index": 1, "created_at": "", "tenant": "t",
          "driver_version": liar})
     assert console_module._csv_cell(liar) == "<U+202E>51.45.055"
+
+
+async def test_the_consoles_bundle_verifies_offline_v2_and_streamed_records_included(
+        console: Console, tmp_path: Any, capsys: Any) -> None:
+    # A streamed request: its record names a stream start leaf, and both an environment.
+    streamed = await console.client.post(
+        "/v1/completions", json={"model": "tiny-llama", "prompt": "Hello bundle",
+                                 "max_tokens": 3, "stream": True},
+        headers={"Authorization": f"Bearer {console.tokens['client']}"})
+    assert streamed.status == 200
+    await streamed.read()
+    await sign_in(console.client, console.tokens["auditor"])
+    response = await console.client.get("/console/records.bundle?tenant=bank-a")
+    assert response.status == 200
+    path = tmp_path / "console-bundle.json"
+    path.write_bytes(await response.read())
+    written = json.loads(path.read_text())
+    assert written["environments"] and len(written["stream_starts"]) == 1
+    code, out = await asyncio.to_thread(
+        cli_json, capsys, "verify", "--bundle", str(path), "--log-key", console.verifier_key,
+        "--accept-self-anchored", "--no-state")
+    # 4 synthetic v1 records, the generated v2 record, the stream start and its record.
+    assert code == 0 and (out["verified"], out["failed"]) == (7, 0), out

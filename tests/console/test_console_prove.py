@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from playwright.async_api import Browser, expect
 
+from inference_wrapper.server import console_prove
 from inference_wrapper.server.app import KEYS
 from tests.console.conftest import Console
+from tests.console.conftest import sign_in as http_sign_in
 from tests.console.test_console_browser import browser, new_page, sign_in
 
 __all__ = ["browser"]  # the fixture, imported for these tests
@@ -57,3 +60,21 @@ async def test_a_tenant_session_proves_only_its_own_tenants_answer(
     refused = await page.goto(f"{console.base_url}/console/prove?{WINDOW}&tenant=bank-b")
     assert refused is not None and refused.status == 403
     assert await page.locator('[data-field="tenant"]').count() == 1
+
+
+async def test_a_window_beyond_the_cap_is_refused_before_anything_is_read(
+        console: Console, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The cap, lowered to below the window's 7 synthetic leaves; the real one is 200,000.
+    monkeypatch.setattr(console_prove, "PROVE_MAX_LEAVES", 6)
+    read: list[int] = []
+    monkeypatch.setattr(console_prove, "prove", lambda *args: read.append(1) or "complete")
+    await http_sign_in(console.client, console.tokens["auditor"])
+    refused = await console.client.get(f"/console/prove?{WINDOW}")
+    assert refused.status == 422
+    text = await refused.text()
+    assert 'data-field="until"' in text and "holds 7 leaves" in text
+    assert "audit-ledger" in text and read == []
+    # At the cap the proof runs.
+    monkeypatch.setattr(console_prove, "PROVE_MAX_LEAVES", 7)
+    assert (await console.client.get(f"/console/prove?{WINDOW}")).status == 200
+    assert read == [1]

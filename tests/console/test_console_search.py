@@ -1,21 +1,52 @@
 """Searching in a real browser: pick-lists, a part of a name, previous and next pages,
-sorting by time, and control characters that a filter can find (issue 26)."""
+sorting by time, and control characters that a filter can find (issue 26).
+
+Each test runs on both consoles: the operator's (signed in) and the auditor's own
+(``audit-ledger console``), which asks the operator's API the same search (decision
+0047), so both must find the same records."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import pytest
 from playwright.async_api import Browser, Page, expect
 
 from inference_wrapper.server.app import KEYS, LEDGER
 from ledger.record import AuditRecord, build_record
 from tests.console.conftest import Console
 from tests.console.test_console_browser import SHOTS, browser, new_page, sign_in
+from tests.console.test_local_console import start_local
 
 __all__ = ["browser"]  # the fixture, imported for these tests
 RLO = "\u202e"
+
+
+@pytest.fixture(params=["operator", "local"])
+async def open_console(request: pytest.FixtureRequest, console: Console, browser: Browser
+                       ) -> AsyncIterator[Callable[[str], object]]:
+    """Opens the search page with a key: signed in to the operator's console, or on an
+    auditor's own console started with that key."""
+    stops: list[Callable[[], None]] = []
+
+    async def open_with(token: str) -> Page:
+        page = await new_page(browser)
+        if request.param == "operator":
+            await sign_in(page, console, token)
+        else:
+            local, stop = await start_local(console.base_url, token)
+            stops.append(stop)
+            await page.goto(local.url)
+        await expect(page.locator("#results")).to_be_visible()
+        return page
+
+    yield open_with
+    for stop in stops:
+        await asyncio.to_thread(stop)
 
 
 def named(i: int, tenant: str, name: str, driver: str, moment: datetime) -> AuditRecord:
@@ -62,11 +93,9 @@ async def search(page: Page, **fields: str) -> None:
 
 
 async def test_pick_lists_and_a_part_of_a_name_with_literal_wildcards(
-        console: Console, browser: Browser) -> None:
+        console: Console, open_console: Any) -> None:
     await add_named(console)
-    page = await new_page(browser)
-    await sign_in(page, console, console.tokens["auditor"])
-    await expect(page.locator("#results")).to_be_visible()
+    page = await open_console(console.tokens["auditor"])
     assert {"Llama_3 8B", "LlamaX3 8B", "Mistral 7B", "tiny"} <= set(
         await options(page, "model_name"))
     assert {"550.54.15", "560.35.03", "<U+202E>51.45.055"} <= set(
@@ -90,28 +119,24 @@ async def test_pick_lists_and_a_part_of_a_name_with_literal_wildcards(
     assert await cells(page, 8) == ["<U+202E>51.45.055"]
     await search(page, driver_version="550.54.15")
     assert "Mistral 7B" not in await cells(page, 5)  # 550.54.15 is not what it holds
-    if SHOTS:
+    if SHOTS and page.url.startswith(console.base_url):
         await search(page, driver_version="", sort="-time")
         await page.screenshot(path=str(Path(SHOTS) / "console-search.png"), full_page=True)
 
 
 async def test_a_tenant_scoped_session_lists_only_its_tenants_values(
-        console: Console, browser: Browser) -> None:
+        console: Console, open_console: Any) -> None:
     await add_named(console)
     token, _ = console.app[KEYS].create("bank-b", "admin")
-    page = await new_page(browser)
-    await sign_in(page, console, token)
-    await expect(page.locator("#results")).to_be_visible()
+    page = await open_console(token)
     assert await options(page, "driver_version") == ["550.54.15", "560.35.03"]
     assert await options(page, "model_name") == ["tiny"]  # bank-a's names are not shown
 
 
 async def test_newest_and_oldest_first_with_next_and_previous_pages(
-        console: Console, browser: Browser) -> None:
+        console: Console, open_console: Any) -> None:
     await add_named(console)
-    page = await new_page(browser)
-    await sign_in(page, console, console.tokens["auditor"])
-    await expect(page.locator("#results")).to_be_visible()
+    page = await open_console(console.tokens["auditor"])
     # Every record, newest first, a page of 3 at a time, to the end and back again.
     await search(page, sort="-time", limit="3")
     await expect(page.locator("#total-count")).to_have_text("12")  # with the environment leaf

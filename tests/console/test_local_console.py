@@ -161,7 +161,7 @@ class Local:
 async def anchored(console: Console) -> Console:
     """Wait (polled, no fixed delay) until the anchor covers the latest checkpoint."""
     ledger = console.app[LEDGER]
-    from ledger.anchor.store import SqlAnchorStore
+    from ledger.store.anchors import SqlAnchorStore
 
     for _ in range(600):
         latest = await asyncio.to_thread(ledger.latest_checkpoint)

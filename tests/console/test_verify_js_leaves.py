@@ -1,27 +1,29 @@
 """The console's verify.js opens v2 leaves by the command-line verifier's rules: one table
-of leaves, each put to both verifiers, each refused by both with the same check named
-(or accepted by both). The page runs in node (its WebCrypto) on a real child process."""
+of leaves, each put to both verifiers' check 1 (with the environment leaf and, for a
+streamed record, the stream start leaf it names), each refused by both with the same
+check named (or accepted by both). The page runs in node (its WebCrypto) on a real child
+process."""
 
 from __future__ import annotations
 
 import base64
 import copy
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
-
+from ledger import merkle
 from ledger.canonical import canonical_bytes
 from ledger.errors import CanonicalFormError, LeafBindingError
-from ledger.leaves.commitments import commit
+from ledger.leaves.commitments import commit, row_commitments
 from ledger.leaves.envelope import Leaf, envelope_members, tenant_tag
 from ledger.leaves.environment import build_environment
-from ledger.leaves.kinds import NAMES_ENVIRONMENT, open_leaf
-from ledger.leaves.record_v2 import EnvironmentRef
+from ledger.leaves.kinds import open_leaf
+from ledger.leaves.record_v2 import EnvironmentRef, build_record_v2, row_data
 from ledger.leaves.stream_start import build_stream_start_v2
-from ledger.verify import LeafEvidence, _check_environment
+from ledger.verify import Evidence, LeafEvidence, Verdict, _check_leaf_v2
 from tests.vectors.make_leaf_vectors import INPUTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +31,9 @@ VERIFY_JS = ROOT / "inference_wrapper/server/console/static/verify.js"
 HARNESS = Path(__file__).with_name("verify_leaf_node.mjs")
 VECTORS = ROOT / "tests/vectors"
 ORIGIN = "review.example/log"
-START_INDEX = 3  # the stream start's own leaf index in every case below
+START_INDEX = 3  # the leaf index of the case's leaf in every case below
+START_BEFORE = 2  # where a streamed record's stream start is, when the case has one
+SALT = b"1" * 32
 ARABIC_INDIC_YEAR = "\u0662\u0660\u0662\u0666"  # 2026 in Arabic-Indic digits
 
 
@@ -48,10 +52,27 @@ def _start(env_index: int = 0, engine: str = "engine-0") -> Leaf:
     return build_stream_start_v2(
         origin=ORIGIN, tenant="acme", engine=engine,
         environment=EnvironmentRef(env_index, ENV.leaf_hash),
-        commitments={"input": commit(b"1" * 32, "input", b"my PIN is 7236")},
+        commitments={"input": commit(SALT, "input", b"my PIN is 7236")},
         generation={"max_new_tokens": 4}, route="/v1/completions",
         record_id="0192f0c0-0000-7000-8000-000000000003",
         created_at="2026-12-02T01:00:00.000Z")
+
+
+def _streamed(tenant: str = "acme", prompt: bytes = b"my PIN is 7236") -> Leaf:
+    """A streamed record naming ``_start()``'s leaf."""
+    return build_record_v2(
+        origin=ORIGIN, tenant=tenant, engine="engine-0",
+        environment=EnvironmentRef(0, ENV.leaf_hash),
+        commitments=row_commitments(input_salt=SALT, output_salt=SALT,
+                                    prompt=prompt.decode(), input_ids=[1, 2],
+                                    output="ok", output_ids=[3]),
+        data=row_data(input_token_count=2, output_token_count=1, truncated=False,
+                      finish_reason="stop", rows=1, padded_length=2, padding_side="left",
+                      padding_count=0, generation={"max_new_tokens": 4}),
+        batch={"id": "c" * 32, "size": 1, "row": 0}, timings_ms={"forward": 3.0},
+        stream_start_record_id=_start().record_id,
+        record_id="0192f0c0-0000-7000-8000-000000000004",
+        created_at="2026-12-02T01:00:01.000Z")
 
 
 def _forged(body: bytes, kind: str = "audit-stream-start/v2",
@@ -67,11 +88,17 @@ def _edited(**members: Any) -> dict[str, Any]:
     return content
 
 
-def _case(envelope: bytes, body: bytes, env_index: int = 0) -> dict[str, Any]:
-    return {"origin": ORIGIN, "envelope_base64": _b64(envelope), "evidence": {
+def _case(envelope: bytes, body: bytes, env_index: int = 0,
+          start: tuple[Leaf, int] | None = None) -> dict[str, Any]:
+    evidence: dict[str, Any] = {
         "leaf_index": START_INDEX, "body_base64": _b64(body),
         "environment": {"leaf_index": env_index, "envelope_base64": _b64(ENV.envelope),
-                        "body_base64": _b64(ENV.body)}}}
+                        "body_base64": _b64(ENV.body)}}
+    if start is not None:
+        evidence["stream_start"] = {"leaf_index": start[1],
+                                    "envelope_base64": _b64(start[0].envelope),
+                                    "body_base64": _b64(start[0].body)}
+    return {"origin": ORIGIN, "envelope_base64": _b64(envelope), "evidence": evidence}
 
 
 def _month_13() -> tuple[bytes, bytes]:
@@ -85,6 +112,8 @@ def _other_digits() -> tuple[bytes, bytes]:
 
 
 _GOOD = _start()
+_RECORD = _streamed()
+_SPACED = _GOOD.body.replace(b'"tenant":"acme"', b'"tenant": "acme"')
 # name: (leaf bytes, the environment's index, Python's error and text, verify.js's text)
 CASES: dict[str, tuple[tuple[bytes, bytes], int, type[Exception] | None, str, str]] = {
     "a good stream start": ((_GOOD.envelope, _GOOD.body), 0, None, "", ""),
@@ -114,14 +143,63 @@ CASES: dict[str, tuple[tuple[bytes, bytes], int, type[Exception] | None, str, st
                    "envelope.created_at: must be RFC 3339 UTC"),
     "H Arabic-Indic digits": (_other_digits(), 0, CanonicalFormError, "envelope.created_at",
                               "envelope.created_at: must be RFC 3339 UTC"),
+    # Decision 0050: the body must be the canonical bytes the envelope commits to.
+    "I body with whitespace": (
+        _forged(_SPACED), 0, CanonicalFormError, "body: must be the canonical bytes "
+        "committed to: bytes are JSON but not in RFC 8785 canonical form",
+        "body: not in RFC 8785 canonical form"),
+    "a good streamed record and its start": (
+        (_RECORD.envelope, _RECORD.body), 0, None, "", ""),
+    "J streamed record with no start leaf": (
+        (_RECORD.envelope, _RECORD.body), 0, LeafBindingError,
+        "stream start: LeafBindingError: the record names stream start "
+        "0192f0c0-0000-7000-8000-000000000003 and the source gave no such leaf",
+        "stream start: the record names stream start 0192f0c0-0000-7000-8000-000000000003 "
+        "and the server gave no such leaf"),
+    "K start of another tenant": (
+        (_streamed(tenant="globex").envelope, _streamed(tenant="globex").body), 0,
+        LeafBindingError, "which is tenant 'acme''s, not 'globex''s",
+        'which is tenant "acme"\'s, not "globex"\'s'),
+    "L start of another prompt": (
+        (_streamed(prompt=b"my PIN is 0000").envelope,
+         _streamed(prompt=b"my PIN is 0000").body), 0, LeafBindingError,
+        "whose input commitment is not the record's",
+        "whose input commitment is not the record's"),
+    "M start appended after the record": (
+        (_RECORD.envelope, _RECORD.body), 0, LeafBindingError,
+        "appended at leaf 5, after the record at leaf 3",
+        "appended at leaf 5, after the record at leaf 3"),
+    "N another leaf as the start": (
+        (_RECORD.envelope, _RECORD.body), 0, LeafBindingError,
+        "the source gave leaf 2 (0192f0c0-0000-7000-8000-000000000004) as the stream start",
+        "the server gave leaf 2 (0192f0c0-0000-7000-8000-000000000004) as the stream start"),
+}
+# The stream start leaf each streamed case's source gives, and its index (none: none given).
+STARTS: dict[str, tuple[Leaf, int]] = {
+    "a good streamed record and its start": (_GOOD, START_BEFORE),
+    "K start of another tenant": (_GOOD, START_BEFORE),
+    "L start of another prompt": (_GOOD, START_BEFORE),
+    "M start appended after the record": (_GOOD, 5),
+    "N another leaf as the start": (_RECORD, START_BEFORE),
 }
 
 
-def _python(envelope: bytes, body: bytes, env_index: int) -> None:
-    leaf = open_leaf(envelope, body, ORIGIN)
-    if leaf.kind in NAMES_ENVIRONMENT:
-        _check_environment(leaf, START_INDEX,
-                           LeafEvidence(env_index, ENV.envelope, ENV.body, ()), ORIGIN)
+def _python(envelope: bytes, body: bytes, env_index: int,
+            start: tuple[Leaf, int] | None) -> str | None:
+    """The command-line verifier's check 1 on the case: None when it passes, else its
+    reason (which names the error's type)."""
+    asked = re.search(rb'"record_id":"([^"]+)"', body)
+    evidence = Evidence(
+        record_id=asked.group(1).decode() if asked else "", canonical=envelope,
+        leaf_index=START_INDEX, inclusion_proof=(), checkpoint_note=b"", body=body,
+        environment=LeafEvidence(env_index, ENV.envelope, ENV.body, ()),
+        stream_start=None if start is None
+        else LeafEvidence(start[1], start[0].envelope, start[0].body, ()))
+    verdict = Verdict(evidence.record_id)
+    opened = _check_leaf_v2(verdict, evidence, merkle.hash_leaf(envelope), ORIGIN)
+    check, = verdict.checks
+    assert (opened is not None) == bool(check.passed)
+    return None if check.passed else check.reason
 
 
 def _in_node(cases: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -135,16 +213,16 @@ def _in_node(cases: list[dict[str, Any]]) -> list[dict[str, str]]:
 
 def test_both_verifiers_refuse_each_forged_leaf_by_the_same_check() -> None:
     names = list(CASES)
-    results = _in_node([_case(*CASES[n][0], env_index=CASES[n][1]) for n in names])
+    results = _in_node([_case(*CASES[n][0], env_index=CASES[n][1], start=STARTS.get(n))
+                        for n in names])
     for name, result in zip(names, results, strict=True):
         (envelope, body), env_index, error, python_text, js_text = CASES[name]
+        reason = _python(envelope, body, env_index, STARTS.get(name))
         if error is None:
-            _python(envelope, body, env_index)
-            assert result == {"ok": True}, name
+            assert reason is None and result == {"ok": True}, (name, reason, result)
             continue
-        with pytest.raises(error) as caught:
-            _python(envelope, body, env_index)
-        assert python_text in str(caught.value), (name, str(caught.value))
+        assert reason is not None and f"{error.__name__}: " in reason, (name, reason)
+        assert python_text in reason, (name, reason)
         assert "error" in result and js_text in result["error"], (name, result)
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ledger.anchor.fabric import FabricAnchor, FabricGateway, Identity
-from ledger.anchor.store import SqlAnchorStore
 from ledger.anchor.worker import AnchorWorker
+from ledger.store.anchors import SqlAnchorStore
 from ledger.store.integrator import Integrator
 from ledger.store.keys import load_or_create_signer
 from ledger.store.log_api import StoredCheckpoint

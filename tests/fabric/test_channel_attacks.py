@@ -28,8 +28,8 @@ from ledger.anchor.fabric import (
     FabricGateway,
     Identity,
 )
-from ledger.anchor.store import SqlAnchorStore
 from ledger.errors import BackendError
+from ledger.store.anchors import SqlAnchorStore
 from ledger.store.keys import load_or_create_signer
 from tests.cli_runs import cli_json
 from tests.fabric.anchored_log import AnchoredLog, anchored_log

@@ -26,11 +26,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ledger import merkle
 from ledger.anchor.fabric import ChaincodeRefusedError, FabricAnchor, FabricGateway, Identity
-from ledger.anchor.store import SqlAnchorStore
 from ledger.anchor.worker import AnchorWorker
 from ledger.checkpoint import Checkpoint, NoteSigner
 from ledger.error_map import EXIT_USAGE, exit_code_for
 from ledger.errors import BackendConfigurationError, BackendUnavailableError
+from ledger.store.anchors import SqlAnchorStore
 from ledger.store.integrator import Integrator
 from ledger.store.keys import load_or_create_signer
 from ledger.store.migrate import upgrade

@@ -8,9 +8,9 @@ import threading
 from typing import Any
 
 from ledger.anchor.local import LocalAnchor
-from ledger.anchor.store import MemoryAnchorStore, SqlAnchorStore
 from ledger.anchor.worker import AnchorWorker
 from ledger.checkpoint import NoteSigner
+from ledger.store.anchors import MemoryAnchorStore, SqlAnchorStore
 from ledger.store.integrator import Integrator
 from ledger.store.sql import SqlLedger
 from tests.integration.conftest import ORIGIN

@@ -19,14 +19,23 @@ from ledger import merkle
 from ledger.checkpoint import NoteSigner
 from ledger.errors import DuplicateRecordError, InvalidInputError
 from ledger.leaves.commitments import row_commitments
+from ledger.leaves.envelope import Leaf
 from ledger.leaves.environment import build_environment
 from ledger.leaves.record_v2 import EnvironmentRef, build_record_v2, row_data
 from ledger.record import AuditRecord
 from ledger.store.identity import IdentityStore
-from ledger.store.log_api import Appender, CheckpointSealer, LogLeaf, LogReader
+from ledger.store.log_api import (
+    Appender,
+    CheckpointSealer,
+    EvidenceLog,
+    LogLeaf,
+    LogReader,
+    TileNotFoundError,
+)
 from ledger.store.memory import MemoryLog
 from ledger.store.migrate import upgrade
 from ledger.store.sql import SqlLedger
+from ledger.tiles import TileRef
 from tests import merkle_reference
 from tests.integration.conftest import ORIGIN
 from tests.records import make_record
@@ -222,6 +231,70 @@ def test_the_first_identity_stands(driver: Driver) -> None:
     again = identity.create_log_meta("second.example/log", "key-b")
     assert again == first and (first.origin, first.verifier_key) == ("first.example/log",
                                                                      "key-a")
+
+
+def test_anchors_cover_leaves_and_record_once(driver: Driver, signer: NoteSigner) -> None:
+    log: EvidenceLog = driver.log
+    for leaf in _mixed_leaves()[:6]:
+        driver.appender.append(leaf)
+    assert log.anchors.latest() is None and log.anchors.unreferenced_below(6) == 6
+    first = log.anchors.record(2, b"note-2", "local", "local:2")
+    assert log.anchors.record(2, b"other", "fabric", "fabric:x").ref == "local:2"  # stands
+    log.anchors.record(5, b"note-5", "local", "local:5")
+    assert [(a.size, a.note, a.ref) for a in log.anchors.iter_anchors()] == [
+        (2, b"note-2", "local:2"), (5, b"note-5", "local:5")]
+    assert log.anchors.get(2) == first and log.anchors.get(3) is None
+    latest = log.anchors.latest()
+    assert latest is not None and latest.size == 5
+    assert log.anchors.unreferenced_below(6) == 1 and log.anchors.unreferenced_below(5) == 0
+    # Which anchor covers a leaf follows from the sizes: the first one larger than it.
+    assert [r.anchor_ref for r in log.iter_records()] == (
+        ["local:2"] * 2 + ["local:5"] * 3 + [None])
+    row = log.record_at(4)
+    assert row is not None and row.anchor_ref == "local:5"
+
+
+def test_cosignatures_are_kept_once_per_witness(driver: Driver) -> None:
+    log: EvidenceLog = driver.log
+    store = log.cosignatures
+    assert store.store(7, "w-b", "— w-b AAAA\n", 1) and store.store(7, "w-a", "— w-a BBBB", 2)
+    assert not store.store(7, "w-a", "— w-a CCCC", 3)  # the first line stands
+    assert store.store(9, "w-a", "— w-a DDDD", 4)
+    assert store.lines(7) == ["— w-a BBBB\n", "— w-b AAAA\n"] and store.lines(8) == []
+    assert store.cosigners(7) == {"w-a", "w-b"} and store.cosigners(8) == set()
+    assert store.latest_size("w-a") == 9 and store.latest_size("w-c") is None
+    assert [(c.checkpoint_size, c.witness, c.line) for c in store.iter_cosignatures()] == [
+        (7, "w-a", "— w-a BBBB"), (7, "w-b", "— w-b AAAA"), (9, "w-a", "— w-a DDDD")]
+
+
+def test_tiles_read_the_stored_tree_and_leaves(driver: Driver) -> None:
+    leaves = _mixed_leaves()
+    for leaf in leaves:
+        driver.appender.append(leaf)
+    reads = driver.log.tiles
+    hashes = reads.hash_tile(TileRef(0, 0, len(leaves)))
+    assert hashes == b"".join(merkle.hash_leaf(leaf.canonical) for leaf in leaves)
+    assert reads.hash_tile(TileRef(0, 0, 2)) == hashes[:64]
+    assert reads.entries(2, 7) == [leaf.canonical for leaf in leaves[2:7]]
+    bodies = [body for _, body in reads.leaves(4, 8)]
+    assert bodies == [None] + [leaf.body for leaf in leaves[5:8] if isinstance(leaf, Leaf)]
+    for call in (lambda: reads.hash_tile(TileRef(0, 0, len(leaves) + 1)),
+                 lambda: reads.entries(0, len(leaves) + 1),
+                 lambda: reads.leaves(6, len(leaves) + 2)):
+        with pytest.raises(TileNotFoundError):
+            call()
+
+
+def test_checkpoints_after_a_size_count_the_anchoring_outbox(driver: Driver,
+                                                            signer: NoteSigner) -> None:
+    assert driver.log.checkpoints_after(0) == (0, None, 0)
+    sealed = []
+    for index in range(3):
+        driver.appender.append(make_record(index))
+        sealed.append(driver.log.seal_checkpoint(signer, ORIGIN))
+    count, oldest, newest = driver.log.checkpoints_after(1)
+    assert (count, newest) == (2, 3) and oldest == sealed[1].sealed_at
+    assert driver.log.checkpoints_after(3) == (0, None, 3)
 
 
 def test_pg_append_stays_unanswered_while_the_sequencer_is_held(

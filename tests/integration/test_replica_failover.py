@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 
 from ledger.anchor.local import LocalAnchor
-from ledger.anchor.store import SqlAnchorStore
 from ledger.anchor.worker import AnchorWorker
 from ledger.errors import BackendUnavailableError
+from ledger.store.anchors import SqlAnchorStore
 from ledger.store.fsck import fsck
 from ledger.store.integrator import Integrator
 from ledger.store.keys import bind_to_origin, decode_signer_key, load_or_create_signer

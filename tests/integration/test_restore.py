@@ -18,7 +18,6 @@ from ledger.cosignature import Cosigner
 from ledger.publish.directory import DirectorySink
 from ledger.publish.worker import open_sink, publish_latest
 from ledger.store.sql import SqlLedger
-from ledger.witness.cosignatures import store_cosignature
 from tests.integration.conftest import ORIGIN
 from tests.records import make_record
 from tests.s3_server import s3_client, s3_server
@@ -47,7 +46,7 @@ def published(ledger_url: str, signer: NoteSigner, witness: Cosigner, tmp_path: 
         assert early is not None and sealed is not None
         body = Checkpoint.peek(sealed.note).body()
         line = witness.cosign(body, 1_790_000_000)
-        store_cosignature(ledger.engine, COUNT, witness.name, line, 1_790_000_000)
+        ledger.cosignatures.store(COUNT, witness.name, line, 1_790_000_000)
         publish_latest(ledger, DirectorySink(tmp_path / "tlog"))
     return tmp_path / "tlog", early.note
 
@@ -157,7 +156,7 @@ def mixed(signer: NoteSigner, witness: Cosigner, tmp_path: Path) -> tuple[str, P
         sealed = ledger.seal_checkpoint(signer, ORIGIN)
         assert sealed is not None
         line = witness.cosign(Checkpoint.peek(sealed.note).body(), 1_790_000_000)
-        store_cosignature(ledger.engine, 600, witness.name, line, 1_790_000_000)
+        ledger.cosignatures.store(600, witness.name, line, 1_790_000_000)
         publish_latest(ledger, DirectorySink(tmp_path / "tlog"))
     return url, tmp_path / "tlog"
 

@@ -102,6 +102,15 @@ BAD_QUERIES = [
      + base64.urlsafe_b64encode(b"after:" + b"9" * 30).decode().rstrip("="), "cursor"),
     ("cursor with a superscript", "/v1/records?cursor="
      + base64.urlsafe_b64encode("after:²".encode()).decode().rstrip("="), "cursor"),
+    ("time cursor beyond 2**53", "/v1/records?order=time&cursor="
+     + base64.urlsafe_b64encode(b"after:time:0:9007199254740992").decode().rstrip("="),
+     "cursor"),
+    ("cursor of another order", "/v1/records?order=-time&cursor=5", "cursor"),
+    ("unknown match", "/v1/records?match=fuzzy", "match"),
+    ("unknown order", "/v1/records?order=newest", "order"),
+    ("total not a boolean", "/v1/records?total=yes", "total"),
+    ("empty filter", "/v1/records?model_name=", "model_name"),
+    ("over-long filter", "/v1/records?driver_version=" + "9" * 1001, "driver_version"),
 ]
 
 

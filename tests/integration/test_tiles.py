@@ -69,7 +69,7 @@ def test_directory_publisher_read_from_the_spec(log: Any, tmp_path: Path) -> Non
     sink = DirectorySink(tmp_path / "tlog")
     previous = 0
     for note, expected in zip(notes, SIZES, strict=True):
-        report = publish(ledger.engine, note, sink)
+        report = publish(ledger.tiles, note, sink)
         assert report.size == expected and report.previous_size == previous
         previous = check_tree(lambda p: (tmp_path / "tlog" / p).read_bytes(), ledger, signer,
                               previous)
@@ -78,7 +78,7 @@ def test_directory_publisher_read_from_the_spec(log: Any, tmp_path: Path) -> Non
     assert (tmp_path / "tlog/tile/0/000").stat().st_mode & 0o222 == 0
     with pytest.raises(ImmutableTileError, match="tile/0/000"):
         sink.put_immutable("tile/0/000", b"\x00" * 8192)
-    assert publish(ledger.engine, notes[-1], sink).files == 0  # idempotent
+    assert publish(ledger.tiles, notes[-1], sink).files == 0  # idempotent
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +134,8 @@ def test_s3_publisher_object_lock(log: Any, tmp_path: Path) -> None:
         client = s3_client(endpoint)
         client.create_bucket(Bucket="audit-tiles", ObjectLockEnabledForBucket=True)
         sink = S3Sink("audit-tiles", "prod/", retention_days=30, client=client)
-        publish(ledger.engine, notes[1], sink)  # 256: one full tile
-        publish(ledger.engine, notes[2], sink)  # 257: partial tiles beside it
+        publish(ledger.tiles, notes[1], sink)  # 256: one full tile
+        publish(ledger.tiles, notes[2], sink)  # 257: partial tiles beside it
 
         def fetch(path: str) -> bytes:
             data = sink.get(path)

@@ -71,7 +71,7 @@ def published(tmp_path_factory: pytest.TempPathFactory, keys: Any) -> Path:
     body = Checkpoint.peek(note).body()
     note = add_cosignatures(note, [witness.cosign(body, 1_790_000_000)])
     ledger = SqlLedger(url)
-    publish(ledger.engine, note, DirectorySink(folder / "tlog"))
+    publish(ledger.tiles, note, DirectorySink(folder / "tlog"))
     ledger.engine.dispose()
     return folder / "tlog"
 
@@ -279,7 +279,6 @@ def v2_only(tmp_path_factory: pytest.TempPathFactory, keys: Any) -> tuple[str, P
 
 
 def _publish_mixed(folder: Path, keys: Any, v1: int) -> tuple[str, Path]:
-    from ledger.witness.cosignatures import store_cosignature
     from tests.mixed_log import append_all, mixed_leaves
 
     signer, witness = keys
@@ -290,7 +289,7 @@ def _publish_mixed(folder: Path, keys: Any, v1: int) -> tuple[str, Path]:
         sealed = ledger.seal_checkpoint(signer, ORIGIN)
         assert sealed is not None
         line = witness.cosign(Checkpoint.peek(sealed.note).body(), 1_790_000_000)
-        store_cosignature(ledger.engine, COUNT, witness.name, line, 1_790_000_000)
+        ledger.cosignatures.store(COUNT, witness.name, line, 1_790_000_000)
         from ledger.publish.worker import publish_latest
         publish_latest(ledger, DirectorySink(folder / "tlog"))
     return url, folder / "tlog"
@@ -415,7 +414,7 @@ def test_a_library_caller_proves_a_filtered_window_from_the_log_tables(
     with SqlLedger(url) as ledger:
         latest = ledger.latest_checkpoint()
         assert latest is not None
-        source = StoreTiles(ledger.engine, cosigned_note(ledger, latest.size, latest.note))
+        source = StoreTiles(ledger.tiles, cosigned_note(ledger, latest.size, latest.note))
         answer, _, vouched = prove_window_from(
             source, signer.verifier(), SINCE, UNTIL, {"tenant": "bank-b",
                                                       "model_digest": MODEL_B},
@@ -466,3 +465,42 @@ def test_a_proved_window_refuses_an_environment_of_another_engine() -> None:
         with pytest.raises(LeafBindingError, match="leaf 1 ran on engine-0, the environment "
                                                    "leaf 0 it names is engine-other's"):
             keep(1, leaves[1].envelope)
+
+
+def test_a_record_naming_its_environment_twice_is_refused_not_skipped() -> None:
+    """A record is skipped unopened only when its environment is read with one meaning: a
+    second environment member (spelled out or escaped) that a quick parser would take
+    instead of the first is refused by the strict one, even where it would not match."""
+    from ledger.client.proved_window import LeafFilter
+    from ledger.errors import CanonicalFormError
+    from ledger.leaves.envelope import body_digest
+    from tests.mixed_log import MODEL_A, MODEL_B, environment, record_v2
+
+    env_a, env_b = environment(0, _when(0), MODEL_A, "d"), environment(1, _when(1), MODEL_B,
+                                                                        "d")
+    record = record_v2(ORIGIN, 2, _when(2), "bank-a", 1, env_b)  # names B: matches
+    leaves = [env_a, env_b, record]
+    keep = LeafFilter({"model_digest": MODEL_B}, ORIGIN, _Leaves(leaves))
+    assert keep(2, record.envelope)
+    for e, a in ((b"e", b"a"), (b"\\u0065", b"\\u0061")):  # spelled out, then escaped
+        second = (b'"' + e + b'nvironment":{"le' + a + b'f_hash":"' + env_a.leaf_hash.hex()
+                  .encode() + b'","le' + a + b'f_index":0},"gpu_sample"')  # json.loads's pick
+        body = bytes(record.body).replace(b'"gpu_sample"', second)
+        # An envelope committing to that body (as a dishonest log could sign one).
+        envelope = bytes(record.envelope).replace(body_digest(bytes(record.body)).encode(),
+                                                  body_digest(body).encode())
+        keep = LeafFilter({"model_digest": MODEL_B}, ORIGIN, _Tampered(leaves, 2, body))
+        with pytest.raises(CanonicalFormError, match="duplicate key 'environment'"):
+            keep(2, envelope)
+
+
+class _Tampered(_Leaves):
+    """Serves ``body`` as leaf ``index``'s body (the digest check is the reader's, not
+    the filter's: here the filter's own reading is under test)."""
+
+    def __init__(self, leaves: list[Any], index: int, body: bytes) -> None:
+        super().__init__(leaves)
+        self.index, self.tampered = index, body
+
+    def body(self, index: int, entry: bytes) -> bytes:
+        return self.tampered if index == self.index else super().body(index, entry)

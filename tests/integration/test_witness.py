@@ -20,7 +20,7 @@ from ledger.store.log_api import StoredCheckpoint
 from ledger.store.migrate import upgrade
 from ledger.store.sql import SqlLedger
 from ledger.witness.client import WitnessClient, WitnessEndpoint, WitnessRejected
-from ledger.witness.cosignatures import cosignature_lines, cosigned_note
+from ledger.witness.cosignatures import cosigned_note
 from ledger.witness.state import WitnessStore
 from ledger.witness_policy import AddCheckpoint, WitnessedState
 from tests.integration.conftest import ORIGIN
@@ -233,7 +233,7 @@ def test_client_handles_409_verifies_and_stores(log: Log, witness: WitnessProces
     seven = log.grow_to(7)
     client = WitnessClient(log.ledger, [endpoint])
     assert client.run_once() == 1  # "old 0" -> 409 "4" -> retried from 4 -> 200
-    lines = cosignature_lines(log.ledger.engine, 7)
+    lines = log.ledger.cosignatures.lines(7)
     assert len(lines) == 1 and lines[0].startswith("\u2014 witness.test/w ")
     note = cosigned_note(log.ledger, 7, seven.note)
     assert note == seven.note + lines[0].encode()
@@ -247,7 +247,7 @@ def test_client_handles_409_verifies_and_stores(log: Log, witness: WitnessProces
     with pytest.raises(WitnessRejected, match="no line of the answer is a valid"):
         WitnessClient(log.ledger, [WitnessEndpoint(witness.url, wrong)]).submit(
             WitnessEndpoint(witness.url, wrong), log.ledger.latest_checkpoint())  # type: ignore[arg-type]
-    assert cosignature_lines(log.ledger.engine, 8) == []
+    assert log.ledger.cosignatures.lines(8) == []
 
     # A witness that is down: unreachable, and run_once backs off instead of raising.
     down = WitnessEndpoint(f"http://127.0.0.1:{free_port()}", endpoint.key)
@@ -275,6 +275,6 @@ def test_client_facing_a_witness_ahead_of_its_log_stores_nothing(
         client = WitnessClient(restored, [endpoint])
         assert client.submit(endpoint, latest) is None  # 409 "9": beyond our 7
         assert client.run_once() == 0
-        assert cosignature_lines(restored.engine, 7) == []
+        assert restored.cosignatures.lines(7) == []
     finally:
         restored.close()

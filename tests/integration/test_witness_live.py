@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from ledger.client.exporter import export_from_db
+from ledger.client.exporter import export_from_log
 from ledger.cosignature import WitnessKey, valid_cosigners
+from ledger.store.sql import SqlLedger
 from ledger.witness.state import load_or_create_cosigner
 from tests.integration.witness_proc import WitnessProcess, free_port, start_witness
 from tests.live_service import LiveService, start_service
@@ -79,7 +80,8 @@ def test_live_service_gets_two_cosignatures(tmp_path: Path, tiny_model_dir: Path
 
         # A bundle exported from the database carries them too (nothing was appended after
         # the third record, so no newer checkpoint exists).
-        bundle = export_from_db(service.database_url, None, None, {})
+        with SqlLedger(service.database_url) as ledger:
+            bundle = export_from_log(ledger, None, None, {})
         assert bundle.checkpoint == note
     finally:
         service.stop()

@@ -13,7 +13,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit_cli.windows import leaf_filter
-from ledger import merkle
+from ledger import body_bundles, merkle
 from ledger.audit import MirrorRow, audit_range, naive_utc
 from ledger.canonical import parse_strict
 from ledger.checkpoint import Checkpoint, NoteSigner
@@ -159,3 +159,41 @@ def test_window_filter_on_an_envelope_with_a_duplicate_tenant_tag_refuses_it() -
     assert keep(1, honest.envelope)
     with pytest.raises(CanonicalFormError, match="duplicate key 'tenant_tag'"):
         keep(1, forged)
+
+
+def test_an_envelope_naming_a_tag_inside_another_member_is_refused_not_filed_under_it(
+        ) -> None:
+    # Decision 0050. The real member is spelled with an escape (tenant\u005ftag, globex's
+    # tag) and an extra member's name ends in \"tenant_tag with acme's tag: the bytes end
+    # as a canonical envelope does, and hold the literal "tenant_tag" once. A reader of
+    # the tail filed this leaf (and its body) under acme; it is no envelope at all.
+    honest = _record(_environment(), 0)
+    other = tenant_tag(ORIGIN, "globex").encode()
+    crafted = honest.envelope.replace(
+        b'"tenant_tag":"' + honest_tag().encode() + b'"',
+        b'"tenant\\u005ftag":"' + other + b'","x\\"tenant_tag":"' + honest_tag().encode()
+        + b'"')
+    assert crafted.count(b'"tenant_tag"') == 1 and crafted.endswith(b'"}')
+    assert body_bundles.envelope_tag(honest.envelope) == honest_tag()
+    with pytest.raises(CanonicalFormError, match="an envelope has exactly"):
+        body_bundles.envelope_tag(crafted)
+    with pytest.raises(CanonicalFormError, match="an envelope has exactly"):
+        body_bundles.tags_of([honest.envelope, crafted])
+    keep = leaf_filter({"tenant": "acme"}, ORIGIN)
+    with pytest.raises(CanonicalFormError, match="an envelope has exactly"):
+        keep(1, crafted)
+
+
+def test_a_window_bundle_body_that_is_not_its_canonical_bytes_is_refused() -> None:
+    # Decision 0050: a window bundle's body, like verify's, must be the very bytes its
+    # envelope commits to; one meaning with a space added is another body.
+    from ledger.errors import MalformedProofError
+    from ledger.window_bundle import check_body
+
+    honest = _record(_environment(), 0)
+    spaced = honest.body.replace(b'"tenant":"acme"', b'"tenant": "acme"')
+    envelope = envelope_bytes(RECORD_KIND, honest.created_at, honest_tag(), spaced)
+    check_body(1, honest.envelope, honest.body, ORIGIN)
+    with pytest.raises(MalformedProofError, match="the body of leaf 1 in the window bundle "
+                       "does not match its envelope: body: must be the canonical bytes"):
+        check_body(1, envelope, spaced, ORIGIN)

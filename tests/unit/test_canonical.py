@@ -79,7 +79,8 @@ json_scalars = (st.none() | st.booleans() | st.integers(-_SAFE, _SAFE)
                 | st.integers(-(2**60), 2**60)
                 | st.floats(allow_nan=False, allow_infinity=False)
                 | st.sampled_from([0.0, -0.0, 5.0, 1e16, 1e21, 1e-7, 1e-6, 5e-324, 0.1,
-                                   123.456, 1e15 + 0.5, 2.0**53])
+                                   123.456, 1e15 + 0.5, 2.0**53, 1e-4, -1e-4, 1.0001e-4,
+                                   9.999e-5, 4503599627370495.5, 0.047, 127.46])
                 | st.text() | st.sampled_from(["1.0", "v1e+16", "2.13.0", "x-0.0"])
                 | st.text(alphabet=st.sampled_from(
                     ["a", "\u00e9", "\uff61", "\U0001f600", "\x00", "\x1f", "\x7f", '"',

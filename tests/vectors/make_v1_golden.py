@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ledger.anchor.local import LocalAnchor
 from ledger.checkpoint import NoteSigner
-from ledger.client.exporter import export_from_db
+from ledger.client.exporter import export_from_log
 from ledger.digest import commit_text
 from ledger.record import build_record
 from ledger.store.migrate import upgrade
@@ -79,7 +79,8 @@ def main(out: Path) -> None:
         ledger.append(start)
         ledger.seal_checkpoint(signer, ORIGIN)
         LocalAnchor(ledger, verifier, ORIGIN).anchor(ledger.latest_checkpoint().note)
-    bundle = export_from_db(url, None, None, {}, log_key=verifier.encode())
+    with SqlLedger(url) as ledger:
+        bundle = export_from_log(ledger, None, None, {}, log_key=verifier.encode())
     (out / "v1_bundle.json").write_text(bundle.dumps())
     (out / "v1_log.json").write_text(json.dumps({
         "origin": ORIGIN, "verifier_key": verifier.encode(), "salt": SALT.hex(),

@@ -311,7 +311,7 @@ function checkMembers(value, rule, where) {
 // Record v2 (audit-leaf/v2): the leaf is a small envelope; the body beside it must hash
 // to the envelope's "body", be canonical, be one of the v2 kinds with exactly its
 // members, and agree with the envelope's kind, time and tenant tag (ledger/leaves/kinds.py
-// open_leaf, and more: the CLI accepts a body with whitespace, fsck does not).
+// open_leaf with strict=True, as the CLI's verify and fsck open it).
 async function openLeafV2(envelopeBytes, bodyBytes, origin) {
   const envelope = parseCanonical(envelopeBytes, "envelope");
   checkMembers(envelope, ENVELOPE_MEMBERS, "envelope");
@@ -334,13 +334,13 @@ async function openLeafV2(envelopeBytes, bodyBytes, origin) {
 
 const NAMES_ENVIRONMENT = new Set(["audit-record/v2", "audit-stream-start/v2"]);
 
-// Check 1 for a v2 leaf, and for a record the environment leaf it names. Returns the
-// environment's leaf hash (for check 2) or null. The same checks, in the same order, as
-// ledger/verify.py's _check_environment.
+// Check 1 for a v2 leaf, and for a record the environment leaf (and, streamed, the stream
+// start leaf) it names. Returns their leaf hashes (for check 2) or null. The same checks,
+// in the same order, as ledger/verify.py's _check_environment and _check_stream_start.
 async function checkLeafV2(evidence, bytes, origin) {
   const opened = await openLeafV2(bytes, b64decode(evidence.body_base64), origin);
   // A record and a stream start name the environment they ran under (decision 0043).
-  if (!NAMES_ENVIRONMENT.has(opened.envelope.kind)) return { body: opened.body, environmentLeaf: null, environment: null };
+  if (!NAMES_ENVIRONMENT.has(opened.envelope.kind)) return { body: opened.body, environmentLeaf: null, environment: null, startLeaf: null };
   const named = opened.body.environment;
   const given = evidence.environment;
   if (!given) throw new Error(`the record names environment leaf ${named.leaf_index} and the server gave none`);
@@ -357,7 +357,35 @@ async function checkLeafV2(evidence, bytes, origin) {
   }
   const environmentLeaf = await hashLeaf(envelope);
   if (hex(environmentLeaf) !== named.leaf_hash) throw new Error(`the environment leaf hashes to ${hex(environmentLeaf)}, the record names ${named.leaf_hash}`);
-  return { body: opened.body, environmentLeaf, environment: environment.body };
+  const streamed = opened.envelope.kind === "audit-record/v2" && Object.prototype.hasOwnProperty.call(opened.body, "stream");
+  const startLeaf = streamed ? await checkStreamStart(evidence, opened, origin) : null;
+  return { body: opened.body, environmentLeaf, environment: environment.body, startLeaf };
+}
+
+// A streamed record's stream start leaf (decision 0050), judged as ledger/verify.py's
+// _check_stream_start and ledger/leaves/stream_link.py do: given, opened, the leaf of the
+// id the record names, an audit-stream-start/v2 before the record, of the record's tenant,
+// committing the same prompt (and stop strings and user). Returns its leaf hash (check 2).
+async function checkStreamStart(evidence, opened, origin) {
+  const named = opened.body.stream.start_record_id;
+  const given = evidence.stream_start;
+  if (!given) throw new Error(`stream start: the record names stream start ${named} and the server gave no such leaf`);
+  const envelope = b64decode(given.envelope_base64);
+  const start = await openLeafV2(envelope, b64decode(given.body_base64), origin);
+  if (start.body.record_id !== named) throw new Error(`stream start: the server gave leaf ${given.leaf_index} (${start.body.record_id}) as the stream start, the record names ${named}`);
+  const where = `stream start: the record names stream start ${named}`;
+  if (start.envelope.kind !== "audit-stream-start/v2") throw new Error(`${where}, which is a ${start.envelope.kind} leaf, not an audit-stream-start/v2`);
+  if (!(Number.isSafeInteger(given.leaf_index) && given.leaf_index < evidence.leaf_index)) {
+    throw new Error(`${where}, appended at leaf ${given.leaf_index}, after the record at leaf ${evidence.leaf_index}`);
+  }
+  if (start.body.tenant !== opened.body.tenant) throw new Error(`${where}, which is tenant ${JSON.stringify(start.body.tenant)}'s, not ${JSON.stringify(opened.body.tenant)}'s`);
+  const held = (commitments, label) => (Object.prototype.hasOwnProperty.call(commitments, label) ? commitments[label] : null);
+  for (const label of ["input", "stop", "user"]) {
+    if (held(start.body.commitments, label) !== held(opened.body.commitments, label)) {
+      throw new Error(`${where}, whose ${label} commitment is not the record's`);
+    }
+  }
+  return hashLeaf(envelope);
 }
 
 function show(number, status, reason) {
@@ -387,12 +415,13 @@ async function verify(evidence, pins) {
 
   // Check 1: the bytes are the record asked for and hash to the leaf the log holds.
   const leaf = await hashLeaf(bytes);
-  let environmentLeaf = null;
+  let environmentLeaf = null, startLeaf = null;
   if (evidence.body_base64) {
     try {
       const v2 = await checkLeafV2(evidence, bytes, pins.log.name);
       body = v2.body;
       environmentLeaf = v2.environmentLeaf;
+      startLeaf = v2.startLeaf;
       renderSections(body, evidence);
       if (v2.environment) renderEnvironment(v2.environment);
     } catch (err) {
@@ -445,6 +474,12 @@ async function verify(evidence, pins) {
         const envRoot = await rootFromInclusion(environmentLeaf, e.leaf_index, checkpoint.size, e.inclusion_proof.map(unhex));
         if (!equal(envRoot, checkpoint.root)) throw new Error(`the environment leaf's proof leads to ${hex(envRoot)}, the checkpoint has ${hex(checkpoint.root)}`);
         where += ` and its environment leaf ${e.leaf_index}`;
+      }
+      if (startLeaf) {
+        const st = evidence.stream_start;
+        const startRoot = await rootFromInclusion(startLeaf, st.leaf_index, checkpoint.size, st.inclusion_proof.map(unhex));
+        if (!equal(startRoot, checkpoint.root)) throw new Error(`the stream start leaf's proof leads to ${hex(startRoot)}, the checkpoint has ${hex(checkpoint.root)}`);
+        where += ` and its stream start leaf ${st.leaf_index}`;
       }
       set(2, "pass", `${where} in the tree of size ${checkpoint.size}`);
     } catch (err) {

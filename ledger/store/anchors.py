@@ -1,7 +1,8 @@
-"""Where anchors are remembered: the ``anchors`` table.
+"""Where anchors are remembered: the ``anchors`` table (``SqlAnchorStore``), or memory.
 
 Every reader and writer of anchors (the local anchor, the Fabric anchor, the worker, the
-routes, the exporter, the database evidence source) goes through ``AnchorStore``. Its one
+routes, the exporter, the database evidence source, fsck) goes through ``AnchorStore``
+(``ledger.store.log_api``), which a log hands out as ``anchors``. Its one
 write, ``record``, inserts one anchor row. Which anchor covers a mirror row is derived
 from the anchor sizes (the first anchor whose size exceeds the row's leaf index,
 decision 0029), so no row is rewritten and a crash cannot leave the two disagreeing.
@@ -10,38 +11,15 @@ decision 0029), so no row is rewritten and a crash cannot leave the two disagree
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
+from ledger.store.log_api import AnchoredCheckpoint
 from ledger.store.schema import anchors, records
-
-
-@dataclass(frozen=True)
-class AnchoredCheckpoint:
-    size: int
-    note: bytes
-    kind: str  # "local" or "fabric"
-    ref: str  # "local:<size>" or "fabric:<channel>:<txid>:<block>"
-    anchored_at: datetime
-
-
-class AnchorStore(Protocol):
-    def latest(self) -> AnchoredCheckpoint | None:
-        """The newest anchored checkpoint, whatever anchor wrote it."""
-
-    def get(self, size: int) -> AnchoredCheckpoint | None:
-        """The anchor recorded for exactly ``size``, if any."""
-
-    def record(self, size: int, note: bytes, kind: str, ref: str) -> AnchoredCheckpoint:
-        """Store the anchor of checkpoint ``size``. Idempotent: recording a size already
-        stored returns what is stored and changes nothing."""
-
-    def unreferenced_below(self, size: int) -> int:
-        """How many leaves below ``size`` no stored anchor covers yet (for checks)."""
 
 
 def _now() -> datetime:
@@ -50,7 +28,7 @@ def _now() -> datetime:
 
 class SqlAnchorStore:
     """The anchors table and the records mirror of one ledger database, through that
-    database's pooled engine (``SqlLedger.engine``): the store owns its SQL, the ledger
+    database's pooled engine: the store owns its SQL, the ledger (``SqlLedger.anchors``)
     only shares its connection pool."""
 
     def __init__(self, engine: Engine) -> None:
@@ -65,6 +43,12 @@ class SqlAnchorStore:
         with self.engine.connect() as conn:
             row = conn.execute(select(anchors).where(anchors.c.size == size)).first()
         return _anchored(row) if row else None
+
+    def iter_anchors(self) -> Iterator[AnchoredCheckpoint]:
+        with self.engine.connect() as conn:
+            stored = [_anchored(r) for r in conn.execute(select(anchors)
+                                                         .order_by(anchors.c.size))]
+        yield from stored
 
     def record(self, size: int, note: bytes, kind: str, ref: str) -> AnchoredCheckpoint:
         now = _now()
@@ -92,11 +76,13 @@ class SqlAnchorStore:
 
 
 class MemoryAnchorStore:
-    """An in-memory twin for unit tests: anchors over a log of ``rows`` leaves."""
+    """The in-memory twin: anchors over a log of ``rows`` leaves, or of as many leaves
+    as ``log_size()`` says (the in-memory log's own store)."""
 
-    def __init__(self, rows: int = 0) -> None:
+    def __init__(self, rows: int = 0, log_size: Callable[[], int] | None = None) -> None:
         self.anchors: dict[int, AnchoredCheckpoint] = {}
         self.rows = rows
+        self._log_size = log_size
         self._lock = threading.Lock()
 
     def add_rows(self, count: int) -> None:
@@ -111,6 +97,11 @@ class MemoryAnchorStore:
         with self._lock:
             return self.anchors.get(size)
 
+    def iter_anchors(self) -> Iterator[AnchoredCheckpoint]:
+        with self._lock:
+            stored = [self.anchors[size] for size in sorted(self.anchors)]
+        yield from stored
+
     def record(self, size: int, note: bytes, kind: str, ref: str) -> AnchoredCheckpoint:
         with self._lock:
             if size in self.anchors:
@@ -120,11 +111,20 @@ class MemoryAnchorStore:
             return stored
 
     def unreferenced_below(self, size: int) -> int:
+        rows = self._log_size() if self._log_size is not None else self.rows
         with self._lock:
             covered = max(self.anchors, default=0)
-            return max(0, min(size, self.rows) - covered)
+            return max(0, min(size, rows) - covered)
 
 
 def _anchored(row: Any) -> AnchoredCheckpoint:
     return AnchoredCheckpoint(int(row.size), bytes(row.note), str(row.kind), str(row.ref),
                               row.anchored_at)
+
+
+if TYPE_CHECKING:  # mypy holds both stores to the Protocol
+    from ledger.store.log_api import AnchorStore
+
+    def _plays_the_role(sql: SqlAnchorStore, memory: MemoryAnchorStore
+                        ) -> tuple[AnchorStore, AnchorStore]:
+        return sql, memory

@@ -40,7 +40,12 @@ from inference_wrapper.server.console_search import (
     parse_search,
     search_main,
 )
-from ledger.client.sources import RecordNotFoundError, ServerSource, gather
+from ledger.client.sources import (
+    MalformedAnswerError,
+    RecordNotFoundError,
+    ServerSource,
+    gather,
+)
 from ledger.errors import BackendError, BackendUnavailableError, InvalidInputError
 
 COOKIE = "alc_local"
@@ -105,7 +110,7 @@ class LocalConsole:
         0047): the same filters, partial match, orders, total and pick-lists. A refused
         search keeps the form as typed, with the error beside it."""
         try:
-            known = self.source.get("/v1/known-values")
+            known = _known_values(self.source.get("/v1/known-values"))
         except RecordNotFoundError:  # an operator's service older than the route
             known = {}
         try:
@@ -115,12 +120,10 @@ class LocalConsole:
             status, notice = error_notice(exc)
             return html_answer(status, "Bad search",
                                notice + search_main(query, known, [], None, "", ""))
-        rows = found.get("records") or []
-        total = found.get("total")
-        main = search_main(search.typed(), known, rows, total if isinstance(total, int) else
-                           None, "export them with <code>audit-ledger export --server</code>",
-                           page_links(search, found.get("previous_cursor"),
-                                      found.get("next_cursor")))
+        rows, total, previous, following = _records_page(found)
+        main = search_main(search.typed(), known, rows, total,
+                           "export them with <code>audit-ledger export --server</code>",
+                           page_links(search, previous, following))
         return html_answer(200, "Records", main)
 
     def record(self, record_id: str) -> Answer:
@@ -134,6 +137,29 @@ class LocalConsole:
         main = record_main(record_id, mirror, evidence_dict(evidence),
                            local_notice(self.source.base_url))
         return html_answer(200, f"Record {record_id}", main)
+
+
+def _known_values(answer: dict[str, Any]) -> dict[str, list[str]]:
+    """The operator's pick-lists, each a list of strings, or nothing to pick from."""
+    return {name: values for name, values in answer.items()
+            if isinstance(values, list) and all(isinstance(v, str) for v in values)}
+
+
+def _records_page(answer: dict[str, Any]
+                  ) -> tuple[list[dict[str, Any]], int | None, str | None, str | None]:
+    """(rows, total, previous cursor, next cursor) of the operator's answer, each of the
+    type the API promises; anything else is a malformed answer (502), never a page built
+    from it."""
+    rows, total = answer.get("records"), answer.get("total")
+    cursors = answer.get("previous_cursor"), answer.get("next_cursor")
+    if (not isinstance(rows, list)
+            or not all(isinstance(r, dict) and type(r.get("leaf_index")) is int
+                       and isinstance(r.get("record_id"), str) for r in rows)
+            or not (total is None or type(total) is int)
+            or not all(c is None or isinstance(c, str) for c in cursors)):
+        raise MalformedAnswerError("/v1/records: the operator's answer is not a page of "
+                                   "records as the API describes it")
+    return rows, total, cursors[0], cursors[1]
 
 
 def handler_for(console: LocalConsole, allowed_hosts: set[str]) -> Callable[..., Any]:

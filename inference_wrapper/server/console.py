@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import dataclasses
 import hmac
 import io
 import json
@@ -79,6 +80,7 @@ from ledger.errors import BackendError, InvalidInputError
 from ledger.leaves.mirror import LOG_WIDE_TENANT
 from ledger.store.log_api import RecordRow
 from ledger.store.mirror import MirrorPage, SqlMirror
+from ledger.verify import LeafEvidence
 
 SESSION_COOKIE = "alc_session"
 LOGIN_COOKIE = "alc_login_csrf"
@@ -379,7 +381,8 @@ async def export_bundle(request: web.Request) -> web.StreamResponse:
                           f"holds at most {BUNDLE_MAX_RECORDS}: narrow the time range, or "
                           "use `audit-ledger export`", session, field="until")
     await asyncio.to_thread(request.app[INTEGRATOR].seal_now)  # cover the newest records
-    chunks = bundle_chunks(ledger, search.since, search.until, filters, search.contains)
+    chunks = bundle_chunks(ledger, search.since, search.until, filters, search.contains,
+                           session.scope)
     try:
         first = await asyncio.to_thread(next, chunks)
     except BackendError:
@@ -400,15 +403,25 @@ async def export_bundle(request: web.Request) -> web.StreamResponse:
 # --- the record page -------------------------------------------------------------------
 
 
-def _evidence(request: web.Request, record_id: str) -> dict[str, Any]:
+def _evidence(request: web.Request, record_id: str, scope: str | None) -> dict[str, Any]:
     """What the browser needs to run checks 1-4 (in a worker thread): the same gathering
-    as ``audit-ledger verify --db``, so the page checks what the CLI checks."""
+    as ``audit-ledger verify --db``, so the page checks what the CLI checks. A session
+    scoped to a tenant gets no other tenant's leaf, even one the record names (check 1
+    then says it was not given)."""
     ledger = request.app[LEDGER]
     latest = ledger.latest_checkpoint()
     row = ledger.get_record(record_id)
     if row is not None and (latest is None or latest.size <= row.leaf_index):
         request.app[INTEGRATOR].seal_now()  # cover the newest records
-    return evidence_dict(gather(DatabaseSource(ledger), record_id, None))
+    evidence = gather(DatabaseSource(ledger), record_id, None)
+    if scope is not None:
+        def held_by(leaf: LeafEvidence | None, owner: str) -> LeafEvidence | None:
+            named = None if leaf is None else ledger.record_at(leaf.leaf_index)
+            return leaf if named is not None and named.tenant == owner else None
+        evidence = dataclasses.replace(
+            evidence, stream_start=held_by(evidence.stream_start, scope),
+            environment=held_by(evidence.environment, LOG_WIDE_TENANT))
+    return evidence_dict(evidence)
 
 
 async def record_page(request: web.Request) -> web.Response:
@@ -421,7 +434,7 @@ async def record_page(request: web.Request) -> web.Response:
     if row is None or (session.scope is not None and row.tenant != session.scope):
         return error_page(404, "Not found", f"no record {record_id!r}", session)
     try:
-        evidence = await asyncio.to_thread(_evidence, request, record_id)
+        evidence = await asyncio.to_thread(_evidence, request, record_id, session.scope)
     except RecordNotFoundError:
         return error_page(404, "Not found", f"no record {record_id!r}", session)
     except BackendError:

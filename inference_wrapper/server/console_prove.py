@@ -38,9 +38,8 @@ from ledger.witness.cosignatures import cosigned_note
 PROVE_MAX_LEAVES = 200_000
 NOTICE = ("<p id=\"operator-hosted\">This is the operator-hosted proof: the operator's "
           "server read the leaves and checked them. To check it without trusting this "
-          "server, run <code>audit-ledger console --server URL</code> (the local console "
-          "reads the same tiles on your machine) or <code>audit-ledger query --proved"
-          "</code>.</p>")
+          "server, run <code>audit-ledger query --prove</code> on your own machine: it reads "
+          "the log's tiles and checks every leaf of the window itself.</p>")
 
 
 def prove(ledger: PublishableLog, verifier: NoteVerifier, witness_setting: str, since: datetime,

@@ -94,9 +94,10 @@ def parse_search(query: Any, scope: str | None = None) -> Search:
             return None
         try:
             moment = datetime.fromisoformat(raw)
-        except ValueError as exc:
+            # A year-1 time east of UTC (or 9999 west of it) overflows in UTC.
+            return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+        except (ValueError, OverflowError) as exc:
             raise BadField(name, "must be a date and time such as 2026-11-30T10:00") from exc
-        return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
 
     raw_limit = (query.get("limit") or "50").strip()
     if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= PAGE_LIMIT_MAX:
@@ -110,6 +111,9 @@ def parse_search(query: Any, scope: str | None = None) -> Search:
     # What the list shows ("<U+202E>") is what the auditor types back: the character.
     typed = {name: invisible((query.get(name) or "").strip()) or None
              for name in FILTER_LABELS}
+    for name, value in typed.items():
+        if value is not None and "\x00" in value:  # no name holds it; PostgreSQL refuses it
+            raise BadField(name, "must not hold the NUL character")
     contains = ({name: typed[name] or "" for name in PARTIAL_FILTERS if typed[name]}
                 if match == "part" else {})
     filters = {name: typed[name] for name in FILTER_LABELS if name not in contains}

@@ -98,6 +98,8 @@ def _search_terms(request: web.Request, scope: str | None, role: str
     for name, value in named.items():
         if value is not None and (not value or len(value) > MAX_FILTER_CHARS):
             raise invalid(name, f"must be 1 to {MAX_FILTER_CHARS} characters", status=400)
+        if value is not None and "\x00" in value:  # no name holds it; PostgreSQL refuses it
+            raise invalid(name, "must not hold the NUL character", status=400)
     contains = ({name: value for name, value in named.items()
                  if name in PARTIAL_FILTERS and value is not None} if match == "part" else {})
     filters = {name: value for name, value in named.items() if name not in contains}

@@ -20,8 +20,8 @@ PAGE = 500
 
 
 def bundle_chunks(ledger: BundledLog, since: datetime | None, until: datetime | None,
-                  filters: dict[str, str], contains: dict[str, str] | None = None
-                  ) -> Iterator[str]:
+                  filters: dict[str, str], contains: dict[str, str] | None = None,
+                  scope: str | None = None) -> Iterator[str]:
     """The bundle of the matching records at the latest checkpoint, as text chunks. The
     header (checkpoint, anchor, proofs from the latest earlier sizes) comes first."""
     latest = ledger.latest_checkpoint()
@@ -43,7 +43,7 @@ def bundle_chunks(ledger: BundledLog, since: datetime | None, until: datetime | 
                              for s in earlier[-DEFAULT_EARLIER_SIZES:]},
     }
     yield json.dumps(header)[:-1] + ', "entries": [\n'
-    named = NamedLeaves(ledger, latest.size)
+    named = NamedLeaves(ledger, latest.size, scope)
     first, cursor = True, None
     while True:
         found = ledger.mirror.page(since=since, until=until, limit=PAGE, cursor=cursor,

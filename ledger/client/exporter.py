@@ -12,6 +12,7 @@ from ledger.bundle import Bundle, BundleEntry
 from ledger.checkpoint import Checkpoint
 from ledger.client.sources import RecordNotFoundError, ServerSource, named_start_id
 from ledger.errors import BackendError
+from ledger.leaves.mirror import LOG_WIDE_TENANT
 from ledger.store.log_api import EvidenceLog, RecordRow
 from ledger.store.mirror import MirrorPages
 from ledger.verify import LeafEvidence
@@ -71,25 +72,34 @@ class NamedLeaves:
     v2 records name (environment leaves, stream starts), each gathered once with its
     inclusion proof: a bundle carries them beside the entries."""
 
-    def __init__(self, ledger: BundledLog, size: int) -> None:
-        self.ledger, self.size = ledger, size
+    def __init__(self, ledger: BundledLog, size: int, scope: str | None = None) -> None:
+        # ``scope``: a tenant-scoped reader's bundle carries no other tenant's leaf, even
+        # one a record names (the verifier then says the leaf was not given).
+        self.ledger, self.size, self.scope = ledger, size, scope
         self.environments: dict[int, LeafEvidence] = {}
         self.starts: dict[int, LeafEvidence] = {}
 
     def entry(self, row: RecordRow) -> BundleEntry:
         start_id = named_start_id(row.body)
         start = None if start_id is None else self.ledger.get_record(start_id)
+        if start is not None and not self._readable(start, self.scope):
+            start = None
         if start is not None and start.leaf_index < self.size:
             self._keep(self.starts, start)
         index = row.environment_index
         if index is not None and index not in self.environments:
             environment = self.ledger.record_at(index)
-            if environment is not None:
+            if environment is not None and self._readable(environment, LOG_WIDE_TENANT):
                 self._keep(self.environments, environment)
         return BundleEntry(row.record_id, row.leaf_index, row.canonical,
                            self.ledger.inclusion_proof(row.leaf_index, self.size),
                            row.body, row.environment_index,
                            None if start is None else start.leaf_index)
+
+    def _readable(self, leaf: RecordRow, owner: str | None) -> bool:
+        """A leaf a record names goes into a scoped bundle only if ``owner`` holds it: a
+        stream start the reader's tenant, an environment leaf the log (no tenant)."""
+        return self.scope is None or leaf.tenant == owner
 
     def _keep(self, leaves: dict[int, LeafEvidence], row: RecordRow) -> None:
         if row.body is not None and row.leaf_index not in leaves:

@@ -485,3 +485,14 @@ async def test_the_consoles_bundle_verifies_offline_v2_and_streamed_records_incl
         "--accept-self-anchored", "--no-state")
     # 4 synthetic v1 records, the generated v2 record, the stream start and its record.
     assert code == 0 and (out["verified"], out["failed"]) == (7, 0), out
+
+
+async def test_a_nul_or_an_overflowing_time_keeps_the_form_with_a_400(console: Console) -> None:
+    # Both were 500s: PostgreSQL refuses NUL in text, and year 1 east of UTC overflows.
+    await sign_in(console.client, console.tokens["auditor"])
+    for query, field in (("model_name=%3CU%2B0000%3E", "model_name"),
+                         ("since=0001-01-01T00:00%2B01:00", "since"),
+                         ("until=9999-12-31T23:59-01:00", "until")):
+        response = await console.client.get(f"/console?{query}")
+        assert response.status == 400, query
+        assert f'data-field="{field}"' in await response.text()

@@ -365,3 +365,35 @@ def test_the_local_console_needs_no_serving_stack() -> None:
                           timeout=600)
     assert done.returncode == 0, done.stdout
     assert done.stdout.strip() == verification_code_digest()
+
+
+class MalformedOperator:
+    """An operator whose API answers JSON of the wrong shape (a lying or broken server)."""
+
+    base_url = "http://operator.invalid"
+
+    def __init__(self, records: dict[str, Any]) -> None:
+        self.records = records
+
+    def get(self, path: str, **query: Any) -> dict[str, Any]:
+        if path == "/v1/known-values":
+            return {"model_name": ["<b>ok</b>"], "driver_version": "not a list"}
+        return self.records
+
+
+@pytest.mark.parametrize("answer", [
+    {"records": "not a list"}, {"records": [{"record_id": "r", "leaf_index": "7<b>"}]},
+    {"records": [], "total": True}, {"records": [], "next_cursor": 5}])
+def test_a_malformed_operator_answer_is_a_502_page_not_a_crash(answer: dict[str, Any]
+                                                               ) -> None:
+    local = LocalConsole(MalformedOperator(answer), token="t")  # type: ignore[arg-type]
+    page = local.answer("/console", {}, "t")
+    assert page.status == 502
+    assert b"not a page of records as the API describes it" in page.body
+
+
+def test_the_local_form_refuses_an_overflowing_time_keeping_the_form() -> None:
+    local = LocalConsole(MalformedOperator({"records": []}), token="t")  # type: ignore[arg-type]
+    page = local.answer("/console", {"since": "0001-01-01T00:00+01:00"}, "t")
+    assert page.status == 400 and b'data-field="since"' in page.body
+    assert b"&lt;b&gt;ok&lt;/b&gt;" in page.body  # the pick-list, escaped

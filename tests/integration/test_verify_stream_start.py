@@ -270,3 +270,22 @@ def test_a_body_that_is_not_its_canonical_bytes_fails_check_1_naming_the_body(
         "committed to: bytes are JSON but not in RFC 8785 canonical form")
     code, out = cli_json(capsys, "log", "fsck", "--db", url, "--log-key", KEY, "--no-state")
     assert [f["kind"] for f in out["findings"]] == ["record_unparseable"], out
+
+
+def test_a_scoped_bundle_carries_no_other_tenants_start_or_any_tenants_environment(
+        tmp_path: Path) -> None:
+    # The console's bundle for a tenant-scoped session: a record naming another tenant's
+    # start (only a faulty or lying operator writes one) must not hand that start over.
+    from ledger.client.exporter import NamedLeaves
+
+    url = _log(tmp_path, FORGED["another tenant's start"][0])
+    with SqlLedger(url) as ledger:
+        row = ledger.get_record(RECORD_ID)
+        assert row is not None
+        size = ledger.latest_checkpoint().size  # type: ignore[union-attr]
+        everything = NamedLeaves(ledger, size)
+        assert everything.entry(row).stream_start_index is not None
+        assert everything.starts and everything.environments
+        scoped = NamedLeaves(ledger, size, scope=row.tenant)
+        assert scoped.entry(row).stream_start_index is None
+        assert scoped.starts == {} and list(scoped.environments) == [row.environment_index]

@@ -43,10 +43,15 @@ def _fault(kind: str, database: Path) -> None:
 
 async def _generate(session: aiohttp.ClientSession, service: LiveService, i: int
                     ) -> tuple[int, dict[str, str], str]:
-    async with session.post(f"{service.base_url}/v1/generate", json={
-            "prompt": f"file fault {i}", "max_new_tokens": 2},
-            headers={"Authorization": f"Bearer {service.client_token}"}) as response:
-        return response.status, dict(response.headers), await response.text()
+    try:
+        async with session.post(f"{service.base_url}/v1/generate", json={
+                "prompt": f"file fault {i}", "max_new_tokens": 2},
+                headers={"Authorization": f"Bearer {service.client_token}"}) as response:
+            return response.status, dict(response.headers), await response.text()
+    except aiohttp.ClientError as exc:  # the service went away: say how it ended
+        code = service.process.poll()
+        raise AssertionError(f"request {i}: {exc!r}; the service's exit code {code}; its "
+                             f"output: {''.join(service.output)[-3000:]}") from exc
 
 
 @pytest.mark.parametrize("kind", ["vanished", "replaced", "read-only"])

@@ -26,7 +26,7 @@ from ledger.store.mirror import (
 from ledger.witness.cosignatures import cosigned_note
 
 MAX_RECORDS_LIMIT = 10_000
-MAX_FILTER_CHARS = 1_000  # longer than any name the mirror holds
+MAX_FILTER_CHARS = 256  # the longest name the mirror holds (model_name)
 
 
 def _row_json(row: RecordRow, include_bytes: bool = False) -> dict[str, Any]:

@@ -28,6 +28,11 @@ log = logging.getLogger("audit_ledger.serve")
 # After the drain, what is still running is a response being written out or a 503 just
 # answered: aiohttp waits this long for each before cancelling it.
 STRAGGLER_GRACE_S = 5.0
+# A request line long enough for the longest search the API document allows: six
+# filters of 256 characters, each percent-encoded at up to 12 bytes a character, with
+# the cursor and times (aiohttp's default, 8190, answers a longer one with a plain-text
+# 400 that the document cannot describe).
+MAX_REQUEST_LINE = 32_768
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -35,7 +40,8 @@ def make_runner(app: web.Application) -> web.AppRunner:
     # aiohttp's keep-alive timer also runs from the moment a connection opens and closes
     # it while no whole request head has arrived: the header read timeout.
     return web.AppRunner(app, access_log=None, shutdown_timeout=STRAGGLER_GRACE_S,
-                         keepalive_timeout=app[SETTINGS].header_read_timeout_s)
+                         keepalive_timeout=app[SETTINGS].header_read_timeout_s,
+                         max_line_size=MAX_REQUEST_LINE)
 
 
 async def serve(app: web.Application, host: str, port: int, *, drain_timeout_s: float) -> None:

@@ -110,7 +110,7 @@ BAD_QUERIES = [
     ("unknown order", "/v1/records?order=newest", "order"),
     ("total not a boolean", "/v1/records?total=yes", "total"),
     ("empty filter", "/v1/records?model_name=", "model_name"),
-    ("over-long filter", "/v1/records?driver_version=" + "9" * 1001, "driver_version"),
+    ("over-long filter", "/v1/records?driver_version=" + "9" * 257, "driver_version"),
     # PostgreSQL refuses NUL in text (it was a 500 there); no name holds one.
     ("NUL in a part of a name", "/v1/records?model_name=a%00b&match=part", "model_name"),
     ("NUL in an exact filter", "/v1/records?model_digest=%00", "model_digest"),

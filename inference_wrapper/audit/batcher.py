@@ -42,6 +42,7 @@ from inference_wrapper.audit.generator import (
     engine_batch,
     environment_leaf,
 )
+from inference_wrapper.engine.inprocess import InProcessEngine
 from inference_wrapper.engine.protocol import EngineClient, EngineDownError
 from ledger.errors import BackendUnavailableError, LedgerError, WorkerDiedError
 from ledger.leaves.record_v2 import EnvironmentRef
@@ -200,9 +201,12 @@ class Batcher:
 
     def start(self) -> None:
         # Process-wide (decision 25), set by every batcher alike (the bench's bare handler
-        # too), only ever lowered, and restored when the batcher has drained.
+        # too), only ever lowered, and restored when the batcher has drained. Only for a
+        # model on a thread of this process (decision 55): with engine processes, a short
+        # interval only makes the API's own threads hand the GIL back and forth.
         wanted, current = self._switch_interval_s, sys.getswitchinterval()
-        if wanted is not None and wanted < current:
+        model_here = any(isinstance(engine, InProcessEngine) for engine in self.engines)
+        if wanted is not None and wanted < current and model_here:
             self._restore_switch_interval = current
             sys.setswitchinterval(wanted)
         self._runner = asyncio.get_running_loop().create_task(self._run(), name="batcher")

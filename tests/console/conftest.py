@@ -55,6 +55,13 @@ def synthetic(i: int) -> Any:
 
 @pytest.fixture()
 async def console(aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: Any) -> Console:
+    return await open_console(aiohttp_client, tmp_path, tiny_generator)
+
+
+async def open_console(aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: Any
+                       ) -> Console:
+    """The service of ``console``, its client made by ``aiohttp_client`` (a module whose
+    tests share one event loop brings its own)."""
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     # The past records first, before the service starts and logs its engine's environment
     # (now): the log refuses a leaf dated well before its newest one.

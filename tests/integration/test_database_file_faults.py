@@ -48,7 +48,7 @@ def _between_writes(database: Path) -> bool:
         anchored = conn.execute("SELECT max(size) FROM anchors").fetchone()[0]
         sampled = conn.execute("SELECT count(*) FROM readiness_history").fetchone()[0]
     conn.close()
-    return size > 0 and sealed == size and anchored == size and sampled > 0
+    return bool(size > 0 and sealed == size and anchored == size and sampled > 0)
 
 
 async def _until_between_writes(database: Path, service: LiveService) -> None:

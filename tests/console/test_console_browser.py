@@ -14,7 +14,6 @@ import base64
 import json
 import os
 import re
-import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -29,11 +28,8 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 
 from inference_wrapper.server.console_pages import verification_code_digest
 from ledger.checkpoint import NoteSigner, NoteVerifier, SignedNote
-from tests.console.conftest import Console, cosign_latest, open_console
+from tests.console.conftest import Console, cosign_latest, launch_chromium, open_console
 
-CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--no-first-run", "--disable-sync"]
 EVIDENCE = re.compile(r'(<script type="application/json" id="evidence">)(.*?)(</script>)', re.S)
 TIMEOUT_MS = 60_000  # generous: a shared 2-core machine; nothing waits on a fixed delay
 expect.set_options(timeout=TIMEOUT_MS)
@@ -48,11 +44,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def chromium() -> AsyncIterator[Browser]:
-    executable = shutil.which("chromium")
-    assert executable, "Debian's chromium is missing: run `make setup` (scripts/setup.sh)"
     async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=executable,
-                                                    args=CHROMIUM_ARGS, headless=True)
+        launched = await launch_chromium(playwright)
         yield launched
         await launched.close()
 

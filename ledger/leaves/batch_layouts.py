@@ -21,6 +21,7 @@ pattern does not match (another spelling of a slot, another batch) takes the JSO
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -41,12 +42,11 @@ _BATCH_PREFIX = b'{"batch":{"id":"'
 # A slot, by the type of the template's leaf there: the spellings ``encode_leaf`` writes
 # verbatim for a plain string (its text captured), a safe integer, a boolean, or a
 # number to be spelled back (``_number``). A row whose leaf has another type there takes
-# the JSON route. Each is followed by a literal piece starting with ``,``, ``}`` or
-# ``]``, so the longest match is the only one.
-_STRING_SLOT = re.compile(rb'"([ !#-\[\]-~]*)"')
-_INTEGER_SLOT = re.compile(rb"(0|-?[1-9][0-9]{0,14})")
-_BOOLEAN_SLOT = re.compile(rb"(true|false)")
-_NUMBER_SLOT = re.compile(rb"(-?(?:0|[1-9][0-9]{0,14})(?:\.[0-9]+)?)")
+# the JSON route.
+_STRING_SLOT = rb'"([ !#-\[\]-~]*)"'
+_INTEGER_SLOT = rb"(0|-?[1-9][0-9]{0,14})"
+_BOOLEAN_SLOT = rb"(true|false)"
+_NUMBER_SLOT = rb"(-?(?:0|[1-9][0-9]{0,14})(?:\.[0-9]+)?)"
 _MARK = "slot-mark-{}-in-a-batch-layout"  # printable ASCII: encoded verbatim
 
 _Key = tuple[str, tuple[str, ...]]
@@ -59,21 +59,27 @@ class _NotVerbatim(ValueError):
 @dataclass(frozen=True)
 class _Pattern:
     """A layout as literal pieces and slots, over its template body (``template``: the
-    content of the body it was compiled from). ``copies``: the objects on the slots'
-    way, copied for each row, outer first, each as (its holder's place in that list, 0
-    being the body; its name); ``slots``: each slot's holder place and name, its pattern
-    and decoder, and the literal piece after it, in byte order; ``head``: the piece
-    before the first."""
+    content of the body it was compiled from). ``regex`` matches any bytes of the
+    layout's shape (each piece as that many bytes, each slot by its pattern), capturing
+    pieces and slots in turn; ``pieces`` are the layout's own. ``copies``: the objects on
+    the slots' way, copied for each row, outer first, each as (its holder's place in
+    that list, 0 being the body; its name); ``slots``: each slot's holder place, name and
+    decoder, in byte order."""
 
-    head: bytes
+    regex: re.Pattern[bytes]
+    pieces: tuple[bytes, ...]
     template: dict[str, Any]
     copies: tuple[tuple[int, str], ...]
-    slots: tuple[tuple[int, str, re.Pattern[bytes], Callable[[bytes], Any], bytes], ...]
+    slots: tuple[tuple[int, str, Callable[[bytes], Any]], ...]
 
     def read(self, body: bytes) -> dict[str, Any] | None:
         """The content of ``body`` if it is this layout filled with plain slots (not yet
         checked against the row rules); None for any other bytes."""
-        if not body.startswith(self.head):
+        found = self.regex.fullmatch(body)
+        if found is None:
+            return None
+        parts = found.groups()
+        if parts[0::2] != self.pieces:  # the shape's pieces must be this layout's bytes
             return None
         content = dict(self.template)
         holders = [content]
@@ -81,20 +87,12 @@ class _Pattern:
             holder = holders[above]
             holder[name] = copy = dict(holder[name])
             holders.append(copy)
-        at = len(self.head)
         try:
-            for above, name, slot, decode, piece in self.slots:
-                found = slot.match(body, at)
-                if found is None:
-                    return None
-                holders[above][name] = decode(found.group(1))
-                at = found.end()
-                if not body.startswith(piece, at):
-                    return None
-                at += len(piece)
+            for (above, name, decode), text in zip(self.slots, parts[1::2], strict=True):
+                holders[above][name] = decode(text)
         except _NotVerbatim:
             return None
-        return content if at == len(body) else None
+        return content
 
 
 class BatchLayouts:
@@ -188,7 +186,7 @@ def _compile(layout: Layout, template: dict[str, Any], paths: Sequence[str]
     marked: dict[str, Any] = dict(template)
     places: dict[tuple[str, ...], int] = {(): 0}  # an object on a slot's way: its place
     copies: list[tuple[int, str]] = []
-    slot_of: dict[bytes, tuple[re.Pattern[bytes], tuple[int, str, Callable[[bytes], Any]]]] = {}
+    slot_of: dict[bytes, tuple[bytes, tuple[int, str, Callable[[bytes], Any]]]] = {}
     for number, path in enumerate(paths):
         *parents, name = path.split(".")
         holder, original = marked, template
@@ -209,12 +207,22 @@ def _compile(layout: Layout, template: dict[str, Any], paths: Sequence[str]
     cuts = sorted((filled.find(quoted), quoted) for quoted in slot_of)
     if any(at < 0 or filled.count(quoted) != 1 for at, quoted in cuts):
         return None
-    ends = [at + len(quoted) for at, quoted in cuts]
-    slots = tuple((*slot_of[quoted][1][:2], slot_of[quoted][0], slot_of[quoted][1][2],
-                   filled[end:following])
-                  for (_, quoted), end, following
-                  in zip(cuts, ends, [at for at, _ in cuts[1:]] + [len(filled)], strict=True))
-    return _Pattern(filled[:cuts[0][0]] if cuts else filled, template, tuple(copies), slots)
+    starts = [0] + [at + len(quoted) for at, quoted in cuts]
+    pieces = tuple(filled[start:end] for start, end
+                   in zip(starts, [at for at, _ in cuts] + [len(filled)], strict=True))
+    kinds = tuple(slot_of[quoted][0] for _, quoted in cuts)
+    return _Pattern(_shape(tuple(len(piece) for piece in pieces), kinds), pieces, template,
+                    tuple(copies), tuple(slot_of[quoted][1] for _, quoted in cuts))
+
+
+@functools.lru_cache(maxsize=256)  # batches of one kind share a shape, mostly
+def _shape(lengths: tuple[int, ...], kinds: tuple[bytes, ...]) -> re.Pattern[bytes]:
+    """Any bytes of this shape: pieces of these lengths (captured, to be compared) with a
+    slot of each kind between them."""
+    parts = [b"(.{%d})" % lengths[0]]
+    for length, kind in zip(lengths[1:], kinds, strict=True):
+        parts += [kind, b"(.{%d})" % length]
+    return re.compile(b"".join(parts), re.DOTALL)
 
 
 def _number(text: bytes) -> Any:
@@ -228,7 +236,7 @@ def _number(text: bytes) -> Any:
     return number
 
 
-_SLOTS: dict[type, tuple[re.Pattern[bytes], Callable[[bytes], Any]]] = {
+_SLOTS: dict[type, tuple[bytes, Callable[[bytes], Any]]] = {
     str: (_STRING_SLOT, bytes.decode),  # the captured text is ASCII
     int: (_INTEGER_SLOT, int),
     bool: (_BOOLEAN_SLOT, b"true".__eq__),

@@ -64,6 +64,7 @@ from ledger.store.log_api import (
     LogMeta,
     Receipt,
     RecordRow,
+    ScannedRows,
     StoredCheckpoint,
     TreeProofs,
     parse_timestamp,
@@ -776,6 +777,10 @@ class SqlLedger(TreeProofs):
     def iter_records(self, start: int = 0, end: int | None = None,
                      batch: int = 5000) -> Iterator[RecordRow]:
         return self.mirror.iter_records(start, end, batch)
+
+    def scan_records(self, start: int = 0, end: int | None = None,
+                     batch: int = 5000) -> Iterator[ScannedRows]:
+        return self.mirror.scan_records(start, end, batch)
 
 
 def _sqlite_datetime(moment: datetime) -> str:

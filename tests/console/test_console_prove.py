@@ -13,9 +13,8 @@ from inference_wrapper.server import console_prove
 from inference_wrapper.server.app import KEYS
 from tests.console.conftest import Console
 from tests.console.conftest import sign_in as http_sign_in
-from tests.console.test_console_browser import browser, new_page, sign_in
+from tests.console.test_console_browser import new_page, sign_in
 
-__all__ = ["browser"]  # the fixture, imported for these tests
 # The synthetic records are dated 2026-11-30 09:00-09:06; the service's own leaves, now.
 WINDOW = "since=2026-11-30T08:00&until=2026-11-30T10:00"
 VOUCHED = (r"; checkpoint size (\d+) vouched for by "

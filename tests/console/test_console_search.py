@@ -19,10 +19,9 @@ from playwright.async_api import Browser, Page, expect
 from inference_wrapper.server.app import KEYS, LEDGER
 from ledger.record import AuditRecord, build_record
 from tests.console.conftest import Console
-from tests.console.test_console_browser import SHOTS, browser, new_page, sign_in
+from tests.console.test_console_browser import SHOTS, new_page, sign_in
 from tests.console.test_local_console import start_local
 
-__all__ = ["browser"]  # the fixture, imported for these tests
 RLO = "\u202e"
 
 

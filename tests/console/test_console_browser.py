@@ -14,21 +14,21 @@ import base64
 import json
 import os
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-import pytest_asyncio
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestServer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, expect
 
 from inference_wrapper.server.console_pages import verification_code_digest
 from ledger.checkpoint import NoteSigner, NoteVerifier, SignedNote
-from tests.console.conftest import Console, cosign_latest, launch_chromium, open_console
+from tests.console.conftest import Console, cosign_latest
+from tests.console.shared_browser import browser, chromium, console
 
 EVIDENCE = re.compile(r'(<script type="application/json" id="evidence">)(.*?)(</script>)', re.S)
 TIMEOUT_MS = 60_000  # generous: a shared 2-core machine; nothing waits on a fixed delay
@@ -37,43 +37,9 @@ expect.set_options(timeout=TIMEOUT_MS)
 SHOTS = os.environ.get("AUDIT_LEDGER_SCREENSHOTS")
 
 
-# One browser for the module (launching Chromium and its driver is most of a test's
-# set-up), so the module's tests and fixtures share one event loop.
+# One browser for the module, so the module's tests and fixtures share one event loop.
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def chromium() -> AsyncIterator[Browser]:
-    async with async_playwright() as playwright:
-        launched = await launch_chromium(playwright)
-        yield launched
-        await launched.close()
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def browser(chromium: Browser) -> AsyncIterator[Browser]:
-    """The module's browser, holding nothing of an earlier test: each page a test opens
-    has a context of its own (cookies, storage), and every context is closed after it."""
-    assert chromium.contexts == []
-    yield chromium
-    for context in chromium.contexts:
-        await context.close()
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def console(tmp_path: Path, tiny_generator: Any) -> AsyncIterator[Console]:
-    """The console of tests/console/conftest.py, its client on the module's loop."""
-    clients: list[TestClient[Any, Any]] = []
-
-    async def make_client(app: web.Application) -> TestClient[Any, Any]:
-        client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
-        await client.start_server()
-        clients.append(client)
-        return client
-
-    yield await open_console(make_client, tmp_path, tiny_generator)
-    for client in clients:
-        await client.close()
+__all__ = ["browser", "chromium", "console"]  # the fixtures, imported for these tests
 
 
 async def new_page(browser: Browser) -> Page:

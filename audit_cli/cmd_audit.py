@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from audit_cli.evidence import add_key_option, pinned_verifier
 from audit_cli.filters import parse_time
@@ -20,7 +21,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ledger.audit import AuditFinding, MirrorRow, audit_range
+    from ledger.audit import AuditFinding, MirrorRow, audit_scan
+    from ledger.store.log_api import ScannedRows
     from ledger.store.sql import SqlLedger
 
     verifier = pinned_verifier(args)
@@ -38,13 +40,15 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidInputError("--db", "the log has no checkpoint yet")
         checkpoint = verifier.open_checkpoint(latest.note, verifier.name)
         log_size, _ = ledger.tree_head()
-        # Every typed column travels with the row: audit_range recomputes each one.
-        rows = (MirrorRow(r.leaf_index, r.record_id, r.created_at, r.canonical,
-                          dict(r.columns, tenant=r.tenant,
-                               environment_index=r.environment_index), r.body)
-                for r in ledger.iter_records())
-        report = audit_range(rows, checkpoint, since, until, log_size=log_size,
-                             environments=ledger.mirror.environments())
+        # Every typed column travels with the row: audit_scan recomputes each one.
+        def row_of(chunk: ScannedRows, raw: tuple[Any, ...]) -> MirrorRow:
+            r = chunk.record_row(raw)
+            return MirrorRow(r.leaf_index, r.record_id, r.created_at, r.canonical,
+                             dict(r.columns, tenant=r.tenant,
+                                  environment_index=r.environment_index), r.body)
+
+        report = audit_scan(ledger.scan_records(), row_of, checkpoint, since, until,
+                            log_size=log_size, environments=ledger.mirror.environments())
         # A tail truncated or rewritten behind the checkpoint this auditor saw last.
         divergence = memory.check(ledger)
     if divergence is not None:

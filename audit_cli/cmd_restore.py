@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from audit_cli.cmd_verify import _witnesses
     from ledger.client.tiles import open_tiles
     from ledger.store.migrate import upgrade
-    from ledger.store.restore import restore
+    from ledger.store.restore import bulk_load_aside, restore
     from ledger.store.sql import make_engine
 
     if args.source.startswith(("http://", "https://")):
@@ -54,9 +54,11 @@ def run(args: argparse.Namespace) -> int:
     if aside:
         aside.unlink(missing_ok=True)
     upgrade(url)
-    # A file built aside is removed unless proven and closed (which checkpoints and syncs
-    # it): its one transaction need not be synced to disk at commit too.
+    # A file built aside is removed unless proven and closed: its one transaction needs
+    # neither a full sync nor a write-ahead log (``bulk_load_aside``).
     engine = make_engine(url, sqlite_synchronous="NORMAL") if aside else make_engine(url)
+    if aside:
+        bulk_load_aside(engine)
     try:
         done = restore(engine, source.get, verifier, args.origin or verifier.name,
                        witnesses=_witnesses(args.witness), quorum=args.witness_quorum,

@@ -95,12 +95,6 @@ def build(url: str, count: int, key_path: Path) -> None:
     print(f"built {count:,} entries in {time.perf_counter() - started:.0f} s", file=sys.stderr)
 
 
-def timed(command: list[str], code: Path = ROOT) -> tuple[float, str]:
-    """Wall time and output of ``command`` run with the code of the checkout ``code``."""
-    elapsed, _, said = timed_cpu(command, code)
-    return elapsed, said
-
-
 def timed_cpu(command: list[str], code: Path = ROOT) -> tuple[float, float, str]:
     """Wall time, CPU time (user + system: less swayed by other work on the machine)
     and output of ``command`` run with the code of the checkout ``code``."""
@@ -154,11 +148,13 @@ def main() -> None:
     if args.against is not None:
         compare(args.against, size, fsck_command, audit_command, args.rounds)
     else:
-        fsck_s, _ = timed(fsck_command)
-        audit_s, said = timed(audit_command)
+        fsck_s, fsck_cpu, _ = timed_cpu(fsck_command)
+        audit_s, audit_cpu, said = timed_cpu(audit_command)
         assert said.startswith("COMPLETE"), said[:300]
-        print(f"log fsck: {fsck_s:6.1f} s ({size / fsck_s:,.0f} rows/s)")
-        print(f"audit:    {audit_s:6.1f} s ({size / audit_s:,.0f} rows/s)")
+        print(f"log fsck: {fsck_s:6.1f} s ({size / fsck_s:,.0f} rows/s), CPU {fsck_cpu:.1f} s "
+              f"({size / fsck_cpu:,.0f} rows/s)")
+        print(f"audit:    {audit_s:6.1f} s ({size / audit_s:,.0f} rows/s), CPU {audit_cpu:.1f} s "
+              f"({size / audit_cpu:,.0f} rows/s); load {os.getloadavg()[0]:.1f}")
     print("repeat with: PYTHONPATH=. .venv/bin/python bench/bench_fsck_audit.py "
           f"--records {size} --db {args.db} --reuse"
           + (f" --against {args.against} --rounds {args.rounds}" if args.against else ""))

@@ -13,20 +13,23 @@ Pure: rows come in as values; fetching them is the caller's business.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from hashlib import sha256
+from typing import Any, Protocol, TypeVar
 
 from ledger import merkle
 from ledger.canonical import parse_strict
 from ledger.checkpoint import Checkpoint
 from ledger.errors import LedgerError
 from ledger.leaves.batch_layouts import BatchLayouts
-from ledger.leaves.envelope import Leaf, is_envelope
+from ledger.leaves.body_codec import unpack_body
+from ledger.leaves.envelope import Leaf, envelope_bytes, is_envelope, tenant_tag
 from ledger.leaves.environment import ENVIRONMENT_KIND, environment_columns
 from ledger.leaves.kinds import open_leaf
 from ledger.leaves.mirror import leaf_columns
+from ledger.leaves.record_v2 import RECORD_KIND
 from ledger.leaves.stream_link import StartFacts, named_start, stream_start_problem
 from ledger.leaves.stream_start import STREAM_START_KIND
 from ledger.record import AuditRecord, mirror_columns, validate_body
@@ -179,6 +182,102 @@ def compare_columns(leaf_index: int, record_id: str, record: AuditRecord | Leaf,
     return findings
 
 
+# The columns ``leaf_columns`` gives every v2 record as NULL (its environment's are in
+# the environments table, its commitments stay in the body).
+_NULL_COLUMNS = frozenset(name for name, value in leaf_columns(Leaf(
+    b"", b"", b"", RECORD_KIND, {"record_id": "", "created_at": "", "tenant": ""})).items()
+    if value is None) - {"environment_index"}
+_ENVELOPE_START = b'{"body":"sha256:'
+_DIGEST_AT, _DIGEST_END = len(_ENVELOPE_START), len(_ENVELOPE_START) + 64  # the body's
+
+
+class QuickRows:
+    """Proves the usual row of a whole-log scan right from its raw values, or leaves it
+    to the full path (``open_row`` and the column comparison), for ``log fsck`` and
+    ``audit`` alike.
+
+    A row is proven when its body inflates, its batch's layout reads it (``BatchLayouts``:
+    canonical bytes, every rule of ``validate_record_v2``), its envelope is byte for byte
+    the one the writer makes for that body (a canonical ``audit-record/v2`` envelope
+    naming its digest, time and tenant tag), it names no stream start, every typed column
+    equals what ``leaf_columns`` says (the NULL ones NULL, the rest equal values), and
+    the environment it names passed ``environment_reference_problem`` before (a verdict
+    that cannot change as the scan goes on: an index's environment leaf is set once).
+    Such a row gets no finding from the full path and changes no state of the scan; any
+    other row is handed to the full path, which says what is wrong with it."""
+
+    def __init__(self, origin: str, layouts: BatchLayouts,
+                 environment_leaves: Mapping[int, Leaf]) -> None:
+        self._origin = origin
+        self._layouts = layouts
+        self._environment_leaves = environment_leaves
+        self._named: set[tuple[Any, ...]] = set()  # (index, hash, engine) that passed
+        self._times: dict[Any, datetime] = {}  # stored created_at -> its datetime
+        self._tails: dict[tuple[str, str], bytes | None] = {}  # (time, tenant) -> tail
+
+    def _envelope_tail(self, created_at: str, tenant: str) -> bytes | None:
+        """What follows the body's digest in the envelope the writer makes for a record
+        of this time and tenant (``envelope_bytes``: the body enters only through that
+        digest), so a row's envelope is compared without building it; None if it has
+        no such envelope."""
+        key = (created_at, tenant)
+        if key not in self._tails:
+            if len(self._tails) >= 4096:
+                self._tails.clear()
+            try:
+                empty = envelope_bytes(RECORD_KIND, created_at,
+                                       tenant_tag(self._origin, tenant), b"")
+            except LedgerError:
+                empty = b""
+            digest = _ENVELOPE_START + sha256(b"").hexdigest().encode()
+            self._tails[key] = empty[_DIGEST_END:] if empty.startswith(digest) else None
+        return self._tails[key]
+
+    def leaf_hash(self, raw: Sequence[Any], typed: Sequence[str],
+                  stored_time: Callable[[Any], datetime]) -> tuple[bytes, datetime] | None:
+        """The row's leaf hash and time if ``raw`` (``ScannedRows``' tuple; ``typed``:
+        the names of its columns from the eighth on) is proven right; else None."""
+        (_, record_id, created_at, tenant, envelope, stored_body, environment_index,
+         *columns) = raw
+        if (stored_body is None or not envelope.startswith(_ENVELOPE_START)
+                or any(value is not None for value in columns)
+                or len(typed) != len(_NULL_COLUMNS) or not _NULL_COLUMNS.issuperset(typed)):
+            return None
+        try:
+            body = unpack_body(bytes(stored_body))
+        except LedgerError:
+            return None
+        content = self._layouts.read(body)
+        if (content is None or "stream" in content or content["record_id"] != record_id
+                or content["tenant"] != tenant):
+            return None
+        envelope = bytes(envelope)
+        tail = self._envelope_tail(content["created_at"], content["tenant"])
+        if (tail is None or envelope[_DIGEST_AT:_DIGEST_END] != sha256(body).hexdigest().encode()
+                or envelope[_DIGEST_END:] != tail):
+            return None
+        moment = self._times.get(created_at)
+        if moment is None:
+            if len(self._times) >= 4096:
+                self._times.clear()
+            moment = self._times[created_at] = stored_time(created_at)
+        if moment != naive_utc(content["created_at"]):
+            return None
+        named = content.get("environment")
+        if named is None:
+            return None if environment_index is not None else (merkle.hash_leaf(envelope),
+                                                               moment)
+        key = (named["leaf_index"], named["leaf_hash"], content["engine"])
+        if environment_index != key[0]:
+            return None
+        if key not in self._named:
+            leaf = Leaf(envelope, body, b"", RECORD_KIND, content)
+            if environment_reference_problem(leaf, self._environment_leaves) is not None:
+                return None
+            self._named.add(key)
+        return merkle.hash_leaf(envelope), moment
+
+
 def _check_row(row: MirrorRow, report: AuditReport, origin: str,
                environments: Mapping[int, Mapping[str, Any]] | None,
                environment_leaves: dict[int, Leaf], starts: dict[str, StartFacts],
@@ -277,6 +376,25 @@ def stream_link_problem(leaf: Leaf, leaf_index: int, starts: dict[str, StartFact
     return stream_start_problem(leaf, leaf_index, starts.pop(named, None))
 
 
+class RawChunk(Protocol):
+    """Consecutive mirror rows raw, as a whole-log scan reads them (the store's
+    ``ScannedRows``): each row (leaf_index, record_id, created_at as stored, tenant,
+    canonical, body as stored, environment_index, then the columns named in ``typed``);
+    ``stored_time`` makes a stored created_at the datetime the row holds."""
+
+    @property
+    def rows(self) -> Sequence[tuple[Any, ...]]: ...
+
+    @property
+    def typed(self) -> tuple[str, ...]: ...
+
+    @property
+    def stored_time(self) -> Callable[[Any], datetime]: ...
+
+
+ChunkT = TypeVar("ChunkT", bound=RawChunk)
+
+
 def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: datetime,
                 until: datetime, log_size: int | None = None,
                 environments: Mapping[int, Mapping[str, Any]] | None = None) -> AuditReport:
@@ -285,50 +403,107 @@ def audit_range(rows: Iterable[MirrorRow], checkpoint: Checkpoint, since: dateti
     is the log's, which v2 tenant tags depend on). ``environments``: the stored
     ``environments`` rows by leaf index, each recomputed from its leaf's bytes (None:
     not checked)."""
-    report = AuditReport(checkpoint.size)
-    environment_leaves: dict[int, Leaf] = {}
-    starts: dict[str, StartFacts] = {}  # stream starts not yet completed, by record id
-    layouts = BatchLayouts()  # opens most records by their batch's layout (same rules)
-    compact = merkle.CompactRange()
-    expected = 0
+    scan = _AuditScan(checkpoint, since, until, log_size, environments)
     for row in rows:
-        if log_size is not None and row.leaf_index >= max(log_size, checkpoint.size):
+        if not scan.check(row):
+            return scan.report
+    return scan.finish()
+
+
+def audit_scan(chunks: Iterable[ChunkT], row_of: Callable[[ChunkT, tuple[Any, ...]], MirrorRow],
+               checkpoint: Checkpoint, since: datetime, until: datetime,
+               log_size: int | None = None,
+               environments: Mapping[int, Mapping[str, Any]] | None = None) -> AuditReport:
+    """``audit_range`` over raw rows (``RawChunk``), with the same findings: a covered
+    row next in leaf order that ``QuickRows`` proves is counted as the full path would
+    count it; every other row is made a ``MirrorRow`` (``row_of``) and takes the full
+    path."""
+    scan = _AuditScan(checkpoint, since, until, log_size, environments)
+    quick = QuickRows(checkpoint.origin, scan.layouts, scan.environment_leaves)
+    for chunk in chunks:
+        typed, stored_time = chunk.typed, chunk.stored_time
+        for raw in chunk.rows:
+            if raw[0] == scan.expected and raw[0] < checkpoint.size:  # covered, in order
+                proven = quick.leaf_hash(raw, typed, stored_time)
+                if proven is not None:
+                    scan.proven(*proven)
+                    continue
+            if not scan.check(row_of(chunk, raw)):
+                return scan.report
+    return scan.finish()
+
+
+class _AuditScan:
+    """``audit_range``'s state, row by row in leaf order."""
+
+    def __init__(self, checkpoint: Checkpoint, since: datetime, until: datetime,
+                 log_size: int | None,
+                 environments: Mapping[int, Mapping[str, Any]] | None) -> None:
+        self.checkpoint, self.since, self.until = checkpoint, since, until
+        self.log_size, self.environments = log_size, environments
+        self.report = AuditReport(checkpoint.size)
+        self.environment_leaves: dict[int, Leaf] = {}
+        self.starts: dict[str, StartFacts] = {}  # stream starts not yet completed
+        self.layouts = BatchLayouts()  # opens most records by their batch's layout
+        self.compact = merkle.CompactRange()
+        self.expected = 0
+
+    def proven(self, leaf_hash: bytes, moment: datetime) -> None:
+        """A covered row next in leaf order with no finding (``QuickRows``)."""
+        self.report.rows_checked += 1
+        self.compact.append(leaf_hash)
+        self.expected += 1
+        if self.since <= moment < self.until:
+            self.report.in_range += 1
+
+    def check(self, row: MirrorRow) -> bool:
+        """The full path for one row; False once rows are missing (the scan stops)."""
+        checkpoint, report = self.checkpoint, self.report
+        if self.log_size is not None and row.leaf_index >= max(self.log_size,
+                                                                checkpoint.size):
             report.findings.append(AuditFinding(
                 ROW_EXTRA, f"extra mirror row at leaf {row.leaf_index} (record "
-                f"{row.record_id}): the log has {log_size} entries",
+                f"{row.record_id}): the log has {self.log_size} entries",
                 row.leaf_index, row.record_id))
-            continue
+            return True
         report.rows_checked += 1
         # Columns are checked on every row, covered or not: they must say what the
         # bytes say whether or not a checkpoint vouches for the bytes yet.
-        moment = _check_row(row, report, checkpoint.origin, environments, environment_leaves,
-                            starts, layouts)
+        moment = _check_row(row, report, checkpoint.origin, self.environments,
+                            self.environment_leaves, self.starts, self.layouts)
         if row.leaf_index >= checkpoint.size:
-            if since <= row.created_at < until:
+            if self.since <= row.created_at < self.until:
                 report.uncovered += 1
-            continue
-        if row.leaf_index != expected:
+            return True
+        if row.leaf_index != self.expected:
             report.findings.append(AuditFinding(
-                ROWS_MISSING, f"mirror rows missing for leaves {expected}..{row.leaf_index - 1}",
+                ROWS_MISSING,
+                f"mirror rows missing for leaves {self.expected}..{row.leaf_index - 1}",
+                self.expected))
+            return False
+        self.compact.append(merkle.hash_leaf(row.canonical))
+        self.expected += 1
+        if moment is not None and self.since <= moment < self.until:
+            report.in_range += 1
+        return True
+
+    def finish(self) -> AuditReport:
+        checkpoint, report, expected = self.checkpoint, self.report, self.expected
+        for index in sorted(set(self.environments or {}) - set(self.environment_leaves)):
+            report.findings.append(AuditFinding(
+                ENVIRONMENT_MISMATCH, f"environments row {index} names no environment leaf",
+                index))
+        if expected < checkpoint.size:
+            report.findings.append(AuditFinding(
+                ROWS_MISSING,
+                f"mirror rows missing for leaves {expected}..{checkpoint.size - 1}",
                 expected))
             return report
-        compact.append(merkle.hash_leaf(row.canonical))
-        expected += 1
-        if moment is not None and since <= moment < until:
-            report.in_range += 1
-    for index in sorted(set(environments or {}) - set(environment_leaves)):
-        report.findings.append(AuditFinding(
-            ENVIRONMENT_MISMATCH, f"environments row {index} names no environment leaf",
-            index))
-    if expected < checkpoint.size:
-        report.findings.append(AuditFinding(
-            ROWS_MISSING, f"mirror rows missing for leaves {expected}..{checkpoint.size - 1}",
-            expected))
+        root = self.compact.root()
+        if root != checkpoint.root:
+            report.findings.append(AuditFinding(
+                ROOT_MISMATCH,
+                f"rebuilt root {root.hex()} differs from the signed root "
+                f"{checkpoint.root.hex()} at size {checkpoint.size}: a row was altered or "
+                "replaced", stored=root.hex(), expected=checkpoint.root.hex()))
         return report
-    if compact.root() != checkpoint.root:
-        report.findings.append(AuditFinding(
-            ROOT_MISMATCH,
-            f"rebuilt root {compact.root().hex()} differs from the signed root "
-            f"{checkpoint.root.hex()} at size {checkpoint.size}: a row was altered or "
-            "replaced", stored=compact.root().hex(), expected=checkpoint.root.hex()))
-    return report

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import operator
 import re
 import secrets
 from collections.abc import Sequence
@@ -439,6 +440,13 @@ class Layout:
         self._first = pieces[0]
         self._rest = tuple((keys, piece) for (_, _, keys), piece
                            in zip(cuts, pieces[1:], strict=True))
+        # ``join``: the pieces as one bytes template (``%`` escaped), and the varying
+        # leaves' order in the bytes, as given in ``varying``.
+        self._template = b"%b".join(piece.replace(b"%", b"%%") for piece in pieces)
+        place_of = {tuple(path.split(".")): place for place, path in enumerate(varying)}
+        order = [place_of[keys] for _, _, keys in cuts]
+        self._in_byte_order = order == list(range(len(order)))
+        self._pick: Any = operator.itemgetter(*order) if len(order) > 1 else None
 
     def fill(self, body: Any) -> bytes:
         """The canonical bytes of ``body``, a member of this layout's family."""
@@ -450,6 +458,18 @@ class Layout:
             parts.append(encode_leaf(value))
             parts.append(piece)
         return b"".join(parts)
+
+    def join(self, leaves: Sequence[bytes]) -> bytes:
+        """The canonical bytes of the family member whose varying leaves, in the order
+        ``varying`` named them, encode to ``leaves`` (each ``encode_leaf`` of its value,
+        or bytes known equal to it). ``fill`` without walking the member: a caller that
+        holds the leaves already (a batch's rows) encodes them as cheaply as it can."""
+        if len(leaves) != len(self._rest):
+            raise LayoutError(f"{len(self._rest)} leaves vary, {len(leaves)} were given")
+        if self._in_byte_order:
+            return self._template % tuple(leaves)
+        picked: tuple[bytes, ...] = self._pick(leaves)  # two or more leaves, reordered
+        return self._template % picked
 
 
 def _slot_placeholder(path: str) -> str:

@@ -72,6 +72,35 @@ def after_window(moment: datetime, until: datetime, lag: timedelta = MAX_LAG) ->
 
 
 @dataclass(frozen=True)
+class ReadLeaves:
+    """Leaves' hashes (``merkle.hash_leaf``) and ``created_at`` times (None: not read
+    yet), worked out where the bytes arrive (a fetching thread), in the leaves' order."""
+
+    hashes: list[bytes]
+    times: list[datetime | None]
+
+    @staticmethod
+    def join(parts: Sequence[ReadLeaves], skip: int, count: int) -> ReadLeaves:
+        """``count`` leaves from ``parts`` laid end to end, the first ``skip`` left out."""
+        hashes = [h for part in parts for h in part.hashes][skip:skip + count]
+        times = [t for part in parts for t in part.times][skip:skip + count]
+        return ReadLeaves(hashes, times)
+
+
+def read_leaves(entries: Sequence[bytes]) -> ReadLeaves:
+    """Each entry's leaf hash and time (None where the time is not plainly there:
+    ``check_window`` then reads it after the root check, and says what is wrong)."""
+    hash_leaf = merkle.hash_leaf
+    times: list[datetime | None] = []
+    for entry in entries:
+        try:
+            times.append(entry_time(entry))
+        except MalformedProofError:
+            times.append(None)
+    return ReadLeaves([hash_leaf(e) for e in entries], times)
+
+
+@dataclass(frozen=True)
 class WindowAnswer:
     start: int  # leaves [start, end) were read and checked
     end: int
@@ -87,21 +116,30 @@ class WindowAnswer:
 def check_window(checkpoint: Checkpoint, since: datetime, until: datetime, start: int,
                  entries: Sequence[bytes], outside: Callable[[int, int], bytes],
                  keep: Callable[[int, bytes], bool] = lambda index, entry: True,
-                 lag: timedelta = MAX_LAG) -> WindowAnswer:
+                 lag: timedelta = MAX_LAG, *, read: ReadLeaves | None = None
+                 ) -> WindowAnswer:
     """Prove ``entries`` (leaves ``[start, start + len)``) hold the whole window.
 
     ``checkpoint`` must already be verified (pinned key, witnesses or anchor);
     ``outside(level, idx)`` gives the tree's other perfect subtrees (its tiles);
-    ``keep`` is the caller's filter, applied to every leaf created in the window."""
+    ``keep`` is the caller's filter, applied to every leaf created in the window.
+    ``read``: the entries' hashes and times as the caller worked them out while fetching
+    (``read_leaves`` of the same bytes); without it they are worked out here."""
     since, until = _naive(since), _naive(until)
     if not since < until:
         raise WindowError("the window is empty: since must be before until")
     end = start + len(entries)
     if not entries:
         raise WindowError("no leaves given")
-    tiles.check_leaves(checkpoint.size, checkpoint.root, start, end,
-                       [merkle.hash_leaf(e) for e in entries], outside)
-    times = [entry_time(e) for e in entries]
+    if read is None:
+        read = read_leaves(entries)
+    elif len(read.hashes) != len(entries) or len(read.times) != len(entries):
+        raise ValueError("the hashes and times read are not one per entry")
+    tiles.check_leaves(checkpoint.size, checkpoint.root, start, end, read.hashes, outside)
+    # A leaf whose time could not be read quickly is read (or refused) now, once the root
+    # proved it is the log's: a tampered leaf is named by the root check first.
+    times = [entry_time(e) if t is None else t
+             for t, e in zip(read.times, entries, strict=True)]
     if start != 0 and not before_window(times[0], since, lag):
         raise WindowError(f"leaf {start}, the first read, was created at {times[0]}, not "
                           f"before {since - lag} (since - max lag): earlier leaves may "

@@ -8,6 +8,7 @@ environment the engine captured. The model itself is never touched here.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import time
 import uuid
@@ -390,7 +391,9 @@ class AuditedGenerator:
     def _row_facts(result: EngineResult, row: int, request: PreparedRequest,
                    padded_length: int) -> RowFacts:
         mask, ids = result.attention_mask[row], result.input_ids[row]
-        real = [token for token, kept in zip(ids, mask, strict=True) if kept]
+        if len(mask) != len(ids):
+            raise ValueError(f"row {row}: {len(ids)} input ids, a mask of {len(mask)}")
+        real = list(itertools.compress(ids, mask))
         return RowFacts(
             tenant=request.tenant,
             commitments=row_commitments(

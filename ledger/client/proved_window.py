@@ -199,7 +199,7 @@ def prove_filtered_window(log: Any, since: datetime, until: datetime,
         log.prefetch_bodies(start, end, tags)
     checkpoint: Checkpoint = log.checkpoint
     return check_window(checkpoint, since, until, start, entries, log.nodes.node, keep,
-                        lag), entries
+                        lag, read=log.leaves_read(start, end)), entries
 
 
 def prove_window_from(source: Any, verifier: NoteVerifier, since: datetime, until: datetime,

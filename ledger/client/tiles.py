@@ -7,7 +7,11 @@ the leaves read and the tiles around them.
 
 from __future__ import annotations
 
+import http.client
+import threading
 import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
@@ -21,12 +25,14 @@ from ledger.errors import BackendUnavailableError, MalformedProofError
 from ledger.tiles import TileNodes, TileRef
 from ledger.window import (
     MAX_LAG,
+    ReadLeaves,
     WindowAnswer,
     WindowError,
     after_window,
     before_window,
     check_window,
     entry_time,
+    read_leaves,
 )
 
 FETCH_THREADS = 8
@@ -45,15 +51,89 @@ class TileSource(Protocol):
 
 
 class HttpTiles:
-    """Tiles from a URL prefix (the service's ``/tlog/`` or any static host)."""
+    """Tiles from a URL prefix (the service's ``/tlog/`` or any static host).
+
+    Each thread keeps one connection to the prefix's host open and sends its GETs
+    there one after another (a window reads thousands of bundles: a new connection and
+    urllib's handler chain per file cost the client and the host more than the bytes).
+    Answers are capped as before. A redirect, a proxy configured for the scheme, user
+    details in the prefix, or a new connection that fails leave the file to
+    ``safe_http`` (a redirect followed on the prefix's origin only, so the bearer key
+    never leaves it), which answers or fails exactly as before."""
 
     def __init__(self, prefix: str, api_key: str | None = None, timeout_s: float = 30.0) -> None:
         self.prefix = prefix.rstrip("/") + "/"
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout_s = timeout_s
         self.received = 0  # bytes received, for the caller's accounting
+        parts = urllib.parse.urlsplit(self.prefix)
+        self._scheme, self._netloc, self._base = parts.scheme.lower(), parts.netloc, parts.path
+        proxied = self._scheme in urllib.request.getproxies() and not \
+            urllib.request.proxy_bypass(parts.hostname or "")
+        self._kept_alive = (self._scheme in ("http", "https") and not proxied
+                            and "@" not in parts.netloc and not parts.query
+                            and not parts.fragment)
+        self._local = threading.local()
 
     def get(self, path: str) -> bytes | None:
+        answer = self._get_kept_alive(path) if self._kept_alive else None
+        if answer is not None:
+            status, data = answer
+            if status == 404:
+                return None
+            if status in (401, 403):
+                raise RefusedError(f"{path}: HTTP {status}")
+            if not 200 <= status < 300:
+                raise BackendUnavailableError(f"{path}: HTTP {status}")
+            self.received += len(data)
+            return data
+        return self._get_by_urllib(path)
+
+    def _get_kept_alive(self, path: str) -> tuple[int, bytes] | None:
+        """(status, body) over this thread's open connection, or None for the caller to
+        ask through urllib: a redirect, or a new connection that failed (urllib then
+        fails as it always did, or succeeds)."""
+        target = self._base + path
+        for fresh in (False, True):
+            kept: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+            reused = kept is not None and not fresh
+            if kept is not None and reused:
+                conn = kept
+            else:
+                if kept is not None:
+                    kept.close()
+                factory = (http.client.HTTPSConnection if self._scheme == "https"
+                           else http.client.HTTPConnection)
+                conn = factory(self._netloc, timeout=self.timeout_s)
+                self._local.conn = conn
+            try:
+                conn.request("GET", target, headers=self.headers)
+                response = conn.getresponse()
+                if 300 <= response.status < 400:  # followed (same origin only) by urllib
+                    self._drop(conn)
+                    return None
+                data = safe_http.read_capped(response, MAX_FILE_BYTES)
+            except TimeoutError as exc:  # not retried: a host that hangs fails once
+                self._drop(conn)
+                raise BackendUnavailableError(f"{self.prefix}: {exc}") from exc
+            except (OSError, http.client.HTTPException):
+                self._drop(conn)
+                if reused:  # a kept connection the host closed meanwhile: a new one
+                    continue
+                return None
+            except BaseException:  # an answer over the cap: the connection is mid-answer
+                self._drop(conn)
+                raise
+            if response.will_close:
+                self._drop(conn)
+            return response.status, data
+        return None
+
+    def _drop(self, conn: http.client.HTTPConnection) -> None:
+        conn.close()
+        self._local.conn = None
+
+    def _get_by_urllib(self, path: str) -> bytes | None:
         try:  # redirects stay on the prefix's origin (the key never leaves it), capped
             data = safe_http.get(self.prefix + path, self.headers, self.timeout_s,
                                  MAX_FILE_BYTES)
@@ -93,6 +173,7 @@ class TiledLog:
         self._bodies: dict[tuple[int, str | None], dict[int, bytes]] = {}
         self._tags: dict[int, dict[str | None, list[int]]] = {}
         self._proved: dict[int, bytes] = {}
+        self._read: dict[int, ReadLeaves] = {}
 
     def read(self, ref: TileRef) -> bytes:
         data = self.source.get(ref.path)
@@ -178,17 +259,31 @@ class TiledLog:
         return self._proved[index]
 
     def entries(self, start: int, end: int) -> list[bytes]:
-        """Leaves ``[start, end)``, their bundles fetched in parallel."""
+        """Leaves ``[start, end)``, their bundles fetched in parallel, each hashed and
+        its times read in the thread that fetched it (``leaves_read``), while the other
+        threads wait on the network."""
         first, last = start // tiles.TILE_WIDTH, (end - 1) // tiles.TILE_WIDTH
-        wanted = [n for n in range(first, last + 1) if n not in self._bundles]
+        wanted = [n for n in range(first, last + 1) if n not in self._read]
         with ThreadPoolExecutor(FETCH_THREADS) as pool:
-            for _ in pool.map(self.bundle, wanted):
+            for _ in pool.map(self._fetch_and_read, wanted):
                 pass
         out: list[bytes] = []
         for n in range(first, last + 1):
             out.extend(self._bundles[n])
         offset = first * tiles.TILE_WIDTH
         return out[start - offset:end - offset]
+
+    def _fetch_and_read(self, n: int) -> None:
+        self._read[n] = read_leaves(self.bundle(n))
+
+    def leaves_read(self, start: int, end: int) -> ReadLeaves:
+        """The hashes and times of leaves ``[start, end)`` (``entries`` read them)."""
+        first, last = start // tiles.TILE_WIDTH, (end - 1) // tiles.TILE_WIDTH
+        for n in range(first, last + 1):
+            if n not in self._read:
+                self._fetch_and_read(n)
+        return ReadLeaves.join([self._read[n] for n in range(first, last + 1)],
+                               start - first * tiles.TILE_WIDTH, end - start)
 
     def window_range(self, since: datetime, until: datetime,
                      lag: timedelta = MAX_LAG) -> tuple[int, int]:
@@ -227,7 +322,7 @@ class TiledLog:
         start, end = self.window_range(since, until, lag)
         entries = self.entries(start, end)
         return check_window(self.checkpoint, since, until, start, entries, self.nodes.node,
-                            keep, lag), entries
+                            keep, lag, read=self.leaves_read(start, end)), entries
 
 
 def _last_true(count: int, test: Callable[[int], bool]) -> int | None:

@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ledger.canonical import Layout, LayoutError, canonical_bytes, json_number
+from ledger.canonical import Layout, LayoutError, canonical_bytes, encode_leaf, json_number
 from ledger.errors import CanonicalFormError
-from ledger.leaf_base import new_record_id, utc_timestamp, validate_common
+from ledger.leaf_base import new_record_id, new_record_ids, utc_timestamp, validate_common
 from ledger.leaves.commitments import validate_commitments
-from ledger.leaves.envelope import Leaf, is_timestamp, seal, tenant_tag
+from ledger.leaves.envelope import BatchSealer, Leaf, is_timestamp, seal, tenant_tag
 
 RECORD_KIND = "audit-record/v2"
 RECORD_KEYS = frozenset(("schema", "record_id", "created_at", "tenant", "engine",
@@ -123,6 +123,20 @@ ROW_LEAVES = ("record_id", "tenant", "commitments.input", "commitments.input_ids
 OPTIONAL_LEAVES = ("commitments.stop", "commitments.user", "stream.start_record_id")
 
 
+# Every leaf of a v2 body that its schema does not fix, in the order the bytes hold them
+# (RFC 8785 sorts member names), then the optional ones: with all of them as slots, one
+# ``Layout`` per kind (the optional members a body has) serves every batch, and a batch
+# encodes its shared leaves once and each row its own (decision 0054).
+BODY_SLOTS = ("batch.id", "batch.row", "batch.size", "commitments.input",
+              "commitments.input_ids", "commitments.output", "commitments.output_ids",
+              "created_at", "data.finish_reason", "data.generation",
+              "data.input_token_count", "data.output_token_count", "data.padding.count",
+              "data.padding.side", "data.shape", "data.truncated", "engine", "environment",
+              "gpu_sample", "record_id", "tenant", "timings_ms")
+_BODY_LAYOUTS: dict[tuple[str, ...], Layout] = {}  # by kind; compiled once per process
+_BOOLEAN = {True: b"true", False: b"false"}
+
+
 def build_records_v2(
     *,
     origin: str,
@@ -137,33 +151,45 @@ def build_records_v2(
     gpu_sample: Mapping[str, Any] | None = None,
     created_at: str | None = None,
     batch_size: int | None = None,
+    record_ids: Sequence[str] | None = None,
 ) -> list[Leaf]:
     """The leaves of one batch: the same bodies ``build_record_v2`` makes, row by row,
-    each validated; canonicalized through one ``Layout`` per combination of optional
-    members (compiled from the first body of the kind and checked against its full
-    encoding, and the last body of each kind encoded in full again), so a batch costs
-    one full encoding per kind, not per row.
+    each validated.
+
+    The first body of each kind (the optional members it has) passes every rule and is
+    encoded in full; the others pass the row rules (``validate_row_leaves``) and are
+    their kind's layout (``BODY_SLOTS``, compiled once per process) joined with their
+    own leaves and the batch's, which are encoded once. The layout must give the first
+    body's bytes (else ``LayoutError``), and the last body of each kind is encoded in
+    full again: a batch costs two full encodings per kind, not one per row.
 
     ``batch_size`` (default ``len(rows)``) and each row's ``row`` are the batch the
     engine ran, stated rather than counted: a caller can build some of a batch's rows
-    (or one alone) and their records are the same as in the whole batch's."""
+    (or one alone) and their records are the same as in the whole batch's.
+    ``record_ids``: the rows' ids (fresh UUIDv7s by default)."""
     size = len(rows) if batch_size is None else batch_size
     created_at = created_at or utc_timestamp()
+    ids = new_record_ids(len(rows)) if record_ids is None else list(record_ids)
+    if len(ids) != len(rows):
+        raise ValueError(f"{len(rows)} rows, {len(ids)} record ids")
     shared_timings = {k: json_number(round(float(v), 3)) for k, v in timings_ms.items()}
     shared_generation = {k: json_number(v) if isinstance(v, float) else v
                          for k, v in generation.items()}
     environment_json = environment.to_json()
     sample = None if gpu_sample is None else dict(gpu_sample)
-    layouts: dict[tuple[str, ...], Layout] = {}
+    sealer = BatchSealer(RECORD_KIND, created_at)
+    shared: _SharedLeaves | None = None  # at the second body of the batch
     firsts: dict[tuple[str, ...], tuple[dict[str, Any], bytes]] = {}
+    checked: set[tuple[str, ...]] = set()
     lasts: dict[tuple[str, ...], tuple[dict[str, Any], bytes]] = {}
     leaves = []
-    for place, facts in enumerate(rows):
+    for place, (facts, record_id) in enumerate(zip(rows, ids, strict=True)):
         row = place if facts.row is None else facts.row
+        commitments = dict(facts.commitments)
         content: dict[str, Any] = {
-            "schema": RECORD_KIND, "record_id": new_record_id(), "created_at": created_at,
+            "schema": RECORD_KIND, "record_id": record_id, "created_at": created_at,
             "tenant": facts.tenant, "engine": engine, "environment": environment_json,
-            "commitments": dict(facts.commitments),
+            "commitments": commitments,
             "data": {"input_token_count": facts.input_token_count,
                      "output_token_count": facts.output_token_count,
                      "truncated": facts.truncated, "finish_reason": facts.finish_reason,
@@ -174,8 +200,7 @@ def build_records_v2(
             "timings_ms": {**shared_timings, "parse": json_number(round(facts.parse_ms, 3))},
             "gpu_sample": sample,
         }
-        optional = tuple(path for path in OPTIONAL_LEAVES
-                         if path.split(".")[1] in content["commitments"])
+        optional = tuple(path for path, label in _OPTIONAL_COMMITMENTS if label in commitments)
         if facts.stream_start_record_id is not None:
             content["stream"] = {"start_record_id": facts.stream_start_record_id}
             optional += ("stream.start_record_id",)
@@ -186,20 +211,79 @@ def build_records_v2(
             firsts[optional] = (content, body)
         else:  # the rest share all but the row's own leaves
             validate_row_leaves(content)
-            layout = layouts.get(optional)
-            if layout is None:  # compiled at the second of a kind: a batch of one pays none
-                layout = Layout(first[0], [*ROW_LEAVES, *optional])
-                if layout.fill(first[0]) != first[1]:
+            if shared is None:
+                shared = _SharedLeaves(first[0])
+            layout = _body_layout(optional, first[0])
+            if optional not in checked:  # the layout must give the first body's bytes
+                if shared.body(layout, optional, first[0]) != first[1]:
                     raise LayoutError("a v2 record layout disagrees with the full encoding")
-                layouts[optional] = layout
-            body = layout.fill(content)
+                checked.add(optional)
+            body = shared.body(layout, optional, content)
             lasts[optional] = (content, body)
-        leaves.append(seal(RECORD_KIND, content, body, tenant_tag(origin, facts.tenant)))
-    for content, body in lasts.values():  # a varying leaf missing from ROW_LEAVES fails here
+        leaves.append(sealer.seal(content, body, tenant_tag(origin, facts.tenant)))
+    for content, body in lasts.values():  # a leaf the layout misses fails here
         if canonical_bytes(content) != body:
             raise LayoutError("a v2 record's bytes disagree with its body: a leaf that "
                               "varies from row to row is missing from the layout")
     return leaves
+
+
+def _body_layout(optional: tuple[str, ...], content: dict[str, Any]) -> Layout:
+    """The layout of a kind of body (``content``: one of that kind), compiled once."""
+    layout = _BODY_LAYOUTS.get(optional)
+    if layout is None:
+        layout = _BODY_LAYOUTS[optional] = Layout(content, [*BODY_SLOTS, *optional])
+    return layout
+
+
+class _SharedLeaves:
+    """The leaves every body of one batch shares, encoded once (from a body that passed
+    every rule), and its ``timings_ms`` as a layout of which ``parse`` varies."""
+
+    def __init__(self, content: Mapping[str, Any]) -> None:
+        data = content["data"]
+        self.batch_id = encode_leaf(content["batch"]["id"])
+        self.size = encode_leaf(content["batch"]["size"])
+        self.created_at = encode_leaf(content["created_at"])
+        self.generation = canonical_bytes(data["generation"])
+        self.side = encode_leaf(data["padding"]["side"])
+        self.shape = canonical_bytes(data["shape"])
+        self.engine = encode_leaf(content["engine"])
+        self.environment = canonical_bytes(content["environment"])
+        self.gpu_sample = canonical_bytes(content["gpu_sample"])
+        self.timings = Layout(dict(content["timings_ms"]), ["parse"])
+
+    def body(self, layout: Layout, optional: tuple[str, ...], content: Mapping[str, Any]
+             ) -> bytes:
+        """The bytes of a body of this batch that passed the row rules (so each
+        commitment is ``hmac-sha256:`` and hex digits, needing no escape)."""
+        commitments, data = content["commitments"], content["data"]
+        return layout.join([  # BODY_SLOTS, then the optional leaves
+            self.batch_id, encode_leaf(content["batch"]["row"]), self.size,
+            _quoted(commitments["input"]), _quoted(commitments["input_ids"]),
+            _quoted(commitments["output"]), _quoted(commitments["output_ids"]),
+            self.created_at, encode_leaf(data["finish_reason"]), self.generation,
+            encode_leaf(data["input_token_count"]), encode_leaf(data["output_token_count"]),
+            encode_leaf(data["padding"]["count"]), self.side, self.shape,
+            _BOOLEAN[data["truncated"]], self.engine, self.environment, self.gpu_sample,
+            encode_leaf(content["record_id"]), encode_leaf(content["tenant"]),
+            self.timings.join([encode_leaf(content["timings_ms"]["parse"])]),
+            *(_optional_leaf(content, path) for path in optional)])
+
+
+_OPTIONAL_COMMITMENTS = (("commitments.stop", "stop"), ("commitments.user", "user"))
+
+
+def _quoted(commitment: str) -> bytes:
+    """A commitment's JSON text: validated as ``hmac-sha256:`` and hex digits, so it
+    needs no escape (``validate_commitments``)."""
+    return b'"' + commitment.encode("ascii") + b'"'
+
+
+def _optional_leaf(content: Mapping[str, Any], path: str) -> bytes:
+    holder, name = path.split(".")
+    value = content[holder][name]
+    return _quoted(value) if holder == "commitments" else encode_leaf(value)
 
 
 def validate_row_leaves(body: Mapping[str, Any]) -> None:

@@ -13,11 +13,11 @@ the Protocols and the values they hand out: it imports no database library.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ledger import merkle
 from ledger.checkpoint import NoteSigner
@@ -105,6 +105,51 @@ class RecordRow:
         """The record as readers parse it: a v1 record's bytes, a v2 leaf's body."""
         body = self.body
         return self.canonical if body is None else body
+
+
+@dataclass(frozen=True)
+class ScannedRows:
+    """Consecutive mirror rows as the driver returned them, for whole-log scans (``log
+    fsck``, ``audit``) that prove most rows from a few raw values. Each row is the tuple
+    (leaf_index, record_id, created_at as stored, tenant, canonical, body as stored,
+    environment_index, then every column named in ``typed`` as stored); ``record_row``
+    makes any of them the ``RecordRow`` that ``iter_records`` would give, and
+    ``stored_time`` a stored created_at the datetime that row would hold."""
+
+    rows: Sequence[tuple[Any, ...]]
+    typed: tuple[str, ...]
+    record_row: Callable[[tuple[Any, ...]], RecordRow]
+    stored_time: Callable[[Any], datetime]
+
+
+@runtime_checkable
+class RowScanner(Protocol):
+    """A log that hands out its mirror rows raw (the SQL drivers)."""
+
+    def scan_records(self, start: int = 0, end: int | None = None,
+                     batch: int = 5000) -> Iterator[ScannedRows]:
+        """The rows ``start <= leaf_index < end`` in index order, ``batch`` at a time."""
+
+
+def scanned(rows: Iterable[RecordRow], batch: int = 5000) -> Iterator[ScannedRows]:
+    """``ScannedRows`` of rows already read (a log without ``scan_records``)."""
+    chunk: list[RecordRow] = []
+    for row in [*rows, None]:
+        if row is not None:
+            chunk.append(row)
+        if chunk and (row is None or len(chunk) >= batch):
+            typed = tuple(chunk[0].columns)
+            by_index = {r.leaf_index: r for r in chunk}
+            yield ScannedRows(
+                [(r.leaf_index, r.record_id, r.created_at, r.tenant, r.canonical,
+                  r.stored_body, r.environment_index,
+                  *(r.columns.get(name) for name in typed)) for r in chunk],
+                typed, lambda raw, rows=by_index: rows[raw[0]], _same_time)  # type: ignore[misc]
+            chunk = []
+
+
+def _same_time(value: Any) -> datetime:
+    return value  # type: ignore[no-any-return]
 
 
 def parse_timestamp(text: str) -> datetime:

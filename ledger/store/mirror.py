@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 
 from ledger.errors import InvalidInputError
 from ledger.leaves.mirror import LOG_WIDE_TENANT
-from ledger.store.log_api import RecordRow
+from ledger.store.log_api import RecordRow, ScannedRows
 from ledger.store.schema import anchors, checkpoints, environments, records
 
 QUERY_FILTERS = ("tenant", "model_digest", "accelerator_model", "driver_version",
@@ -207,6 +207,54 @@ class SqlMirror:
             if len(rows) < batch:
                 return
             position = rows[-1].leaf_index + 1
+
+    def scan_records(self, start: int = 0, end: int | None = None,
+                     batch: int = 5000) -> Iterator[ScannedRows]:
+        """``iter_records``'s rows raw, ``batch`` at a time, on the driver's own cursor:
+        a whole-log scan converts only the values it needs (``ScannedRows``)."""
+        dialect = self.engine.dialect
+        convert = [(at, process) for at, column in enumerate(_SCAN_COLUMNS)
+                   if (process := column.type.dialect_impl(dialect)
+                       .result_processor(dialect, None))]
+        # Every value but the time is converted at once (with SQLite and PostgreSQL none
+        # needs it), so the raw row holds what ``iter_records`` would; the time only on
+        # demand (``stored_time``: the rows of a batch share it).
+        timed = _SCAN_COLUMNS.index(records.c.created_at)
+        times = dict(convert).get(timed)
+        eager = [(at, process) for at, process in convert if at != timed]
+        lazy = [(timed, times)] if times is not None else []
+        mark = "%s" if dialect.name == "postgresql" else "?"
+        sql = (f"SELECT {', '.join(c.name for c in _SCAN_COLUMNS)} FROM records "
+               f"WHERE leaf_index >= {mark}" + (f" AND leaf_index < {mark}" if end is not None
+                                                 else "")
+               + f" ORDER BY leaf_index LIMIT {int(batch)}")
+
+        def record_row(raw: tuple[Any, ...]) -> RecordRow:
+            return _scanned_row(raw, lazy, None)
+
+        def stored_time(value: Any) -> datetime:
+            if times is None:
+                return value  # type: ignore[no-any-return]
+            return times(value)  # type: ignore[return-value]
+
+        position = start
+        while True:
+            pooled = self.engine.raw_connection()
+            try:
+                cursor = pooled.cursor()
+                cursor.execute(sql, (position,) if end is None else (position, end))
+                found = cursor.fetchall()
+                cursor.close()
+                pooled.rollback()  # a read: nothing to keep, no transaction left open
+            finally:
+                pooled.close()
+            if found and eager:
+                found = [_converted(row, eager) for row in found]
+            if found:
+                yield ScannedRows(found, _TYPED_COLUMNS, record_row, stored_time)
+            if len(found) < batch:
+                return
+            position = int(found[-1][0]) + 1
 
 
 def _mirror_select() -> Any:
@@ -426,6 +474,14 @@ def _scanned_row(row: Any, convert: Sequence[tuple[int, Callable[[Any], Any]]],
         environment_index=environment_index,
         columns=dict(zip(_TYPED_COLUMNS, row[7:], strict=True)),
     )
+
+
+def _converted(row: Sequence[Any], convert: Sequence[tuple[int, Callable[[Any], Any]]]
+               ) -> tuple[Any, ...]:
+    values = list(row)
+    for at, process in convert:
+        values[at] = process(values[at])
+    return tuple(values)
 
 
 def _naive_utc(moment: datetime) -> datetime:

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from multiprocessing import get_context
 from typing import Any
 
-from sqlalchemy import Connection, Engine, insert, text
+from sqlalchemy import Connection, Engine, event, insert, text
 
 from ledger import body_bundles, merkle, tiles
 from ledger.audit import open_row
@@ -38,6 +38,7 @@ from ledger.store.schema import checkpoints, cosignatures, environments, log_met
 
 BUNDLES_AHEAD = 16  # bundles fetched ahead of the one being written
 CHUNK_LEAVES = 8192  # leaves per mirror-row job and per insert statement
+BULK_CACHE_KIB = 256 * 1024  # SQLite's page cache while a file is built aside
 
 
 class RestoreError(VerificationError):
@@ -98,6 +99,22 @@ def restore(engine: Engine, read: Callable[[str], bytes | None], verifier: NoteV
                                    f"checkpoint of size {other.size}")
         _write_head(conn, checkpoint, note, verifier, origin, cosigned)
     return Restored(checkpoint.size, root, tuple(sorted(wanted)))
+
+
+def bulk_load_aside(engine: Engine) -> None:
+    """Settings for a new SQLite file that a restore builds aside (``audit-ledger
+    restore``): written in one transaction, then proven, closed and moved into place, or
+    removed, so its rollback journal can live in memory (a write-ahead log would hold
+    every page once more, then copy each into the file at close), and a large page
+    cache keeps the index builds off the disk. The service that opens the file later
+    sets its own journal mode (WAL). Never for a database in use."""
+
+    @event.listens_for(engine, "connect")
+    def _bulk_pragmas(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=MEMORY")
+        cursor.execute(f"PRAGMA cache_size=-{BULK_CACHE_KIB}")
+        cursor.close()
 
 
 def _check_empty(engine: Engine) -> None:

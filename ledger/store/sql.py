@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import queue
 import sqlite3
 import threading
@@ -63,6 +64,7 @@ from ledger.store.log_api import (
     LogMeta,
     Receipt,
     RecordRow,
+    ScannedRows,
     StoredCheckpoint,
     TreeProofs,
     parse_timestamp,
@@ -85,6 +87,7 @@ LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE for a lock_timeout
 PG_NODE_ROWS_PER_STATEMENT = 8192
 PG_RECORD_ROWS_PER_STATEMENT = 2048
 ENVIRONMENT_COLUMNS = tuple(column.name for column in environments.columns)
+_RECORD_ROW = operator.itemgetter(*RECORD_INSERT_COLUMNS)  # a mirror row's values, in order
 
 # Inside a writer transaction: run one statement and return its rows; insert a group's
 # tree nodes, mirror rows and environment rows.
@@ -609,8 +612,8 @@ class SqlLedger(TreeProofs):
                                                     "already used by another record"))
                 continue
             index = compact.size
-            node_rows.extend((level, idx, node_hash) for (level, idx), node_hash
-                             in compact.append(record.leaf_hash))
+            for (level, idx), node_hash in compact.append(record.leaf_hash):
+                node_rows.append((level, idx, node_hash))
             columns = row_columns(record)
             stamp = columns["created_at"]
             if self.max_created_lag is not None:
@@ -627,7 +630,7 @@ class SqlLedger(TreeProofs):
                 created_at[stamp] = created if self.is_postgres else _sqlite_datetime(created)
             columns["created_at"] = created_at[stamp]
             columns["leaf_index"] = index
-            record_rows.append(tuple(columns[c] for c in RECORD_INSERT_COLUMNS))
+            record_rows.append(_RECORD_ROW(columns))
             if isinstance(record, Leaf):
                 environment = environment_row(record)
                 if environment is not None:
@@ -774,6 +777,10 @@ class SqlLedger(TreeProofs):
     def iter_records(self, start: int = 0, end: int | None = None,
                      batch: int = 5000) -> Iterator[RecordRow]:
         return self.mirror.iter_records(start, end, batch)
+
+    def scan_records(self, start: int = 0, end: int | None = None,
+                     batch: int = 5000) -> Iterator[ScannedRows]:
+        return self.mirror.scan_records(start, end, batch)
 
 
 def _sqlite_datetime(moment: datetime) -> str:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,28 @@ from tests.records import make_record
 
 MakeClient = Callable[..., Awaitable[Any]]
 CSRF_FIELD = re.compile(r'name="csrf" value="([^"]+)"')
+CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run", "--disable-sync"]
+
+
+async def launch_chromium(playwright: Any) -> Any:
+    """Debian's Chromium, headless, through Playwright."""
+    executable = shutil.which("chromium")
+    assert executable, "Debian's chromium is missing: run `make setup` (scripts/setup.sh)"
+    return await playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS,
+                                            headless=True)
+
+
+@pytest.fixture()
+async def browser() -> AsyncIterator[Any]:
+    """A browser of the test's own (test_console_browser.py shares one per module)."""
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as playwright:
+        launched = await launch_chromium(playwright)
+        yield launched
+        await launched.close()
 
 
 @dataclass
@@ -55,6 +78,13 @@ def synthetic(i: int) -> Any:
 
 @pytest.fixture()
 async def console(aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: Any) -> Console:
+    return await open_console(aiohttp_client, tmp_path, tiny_generator)
+
+
+async def open_console(aiohttp_client: MakeClient, tmp_path: Path, tiny_generator: Any
+                       ) -> Console:
+    """The service of ``console``, its client made by ``aiohttp_client`` (a module whose
+    tests share one event loop brings its own)."""
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     # The past records first, before the service starts and logs its engine's environment
     # (now): the log refuses a leaf dated well before its newest one.

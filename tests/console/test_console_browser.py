@@ -14,8 +14,7 @@ import base64
 import json
 import os
 import re
-import shutil
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +23,13 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, expect
 
 from inference_wrapper.server.console_pages import verification_code_digest
 from ledger.checkpoint import NoteSigner, NoteVerifier, SignedNote
 from tests.console.conftest import Console, cosign_latest
+from tests.console.shared_browser import browser, chromium, console
 
-CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--no-first-run", "--disable-sync"]
 EVIDENCE = re.compile(r'(<script type="application/json" id="evidence">)(.*?)(</script>)', re.S)
 TIMEOUT_MS = 60_000  # generous: a shared 2-core machine; nothing waits on a fixed delay
 expect.set_options(timeout=TIMEOUT_MS)
@@ -40,15 +37,9 @@ expect.set_options(timeout=TIMEOUT_MS)
 SHOTS = os.environ.get("AUDIT_LEDGER_SCREENSHOTS")
 
 
-@pytest.fixture()
-async def browser() -> AsyncIterator[Browser]:
-    executable = shutil.which("chromium")
-    assert executable, "Debian's chromium is missing: run `make setup` (scripts/setup.sh)"
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=executable,
-                                                    args=CHROMIUM_ARGS, headless=True)
-        yield launched
-        await launched.close()
+# One browser for the module, so the module's tests and fixtures share one event loop.
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+__all__ = ["browser", "chromium", "console"]  # the fixtures, imported for these tests
 
 
 async def new_page(browser: Browser) -> Page:
@@ -281,7 +272,7 @@ async def test_lying_server_is_caught_by_the_page(
         await proxy.close()
 
 
-def test_the_pinned_key_in_these_tests_is_a_real_verifier_key(console: Console) -> None:
+async def test_the_pinned_key_in_these_tests_is_a_real_verifier_key(console: Console) -> None:
     # Each log has its own origin (name plus an identifier), and the key is named by it.
     name = NoteVerifier.decode(console.verifier_key).name
     assert name.startswith("audit-ledger.local/log/") and len(name) > len("audit-ledger.local/log/")

@@ -25,7 +25,9 @@ import pytest
 from sqlalchemy import create_engine
 
 from ledger.store.apikeys import ApiKeyStore
+from ledger.store.keys import open_log_identity
 from ledger.store.migrate import upgrade
+from ledger.store.sql import SqlLedger
 from tests.integration.conftest import make_pg_database
 from tests.replica_cluster import ROOT, free_port, launch, wait_ready
 
@@ -96,13 +98,16 @@ def test_a_console_session_is_valid_on_both_replicas_behind_haproxy(
     engine = create_engine(url)
     token = ApiKeyStore(engine).create("audit-firm", "auditor")[0]
     engine.dispose()
+    # The log and its key too, so that both replicas start at once (neither creates it).
+    with SqlLedger(url) as ledger:
+        open_log_identity(ledger, key_path=tmp_path / "log.key")
     env = {"AUDIT_LEDGER_LOG_KEY_PATH": str(tmp_path / "log.key")}
     first = launch("replica-a", tmp_path, tiny_model_dir, url, env)
     children: list[subprocess.Popen[bytes]] = [first.process]
     try:
-        wait_ready(first, OVERALL_S)  # the first creates the log and its key
         second = launch("replica-b", tmp_path, tiny_model_dir, url, env)
         children.append(second.process)
+        wait_ready(first, OVERALL_S)
         wait_ready(second, OVERALL_S)
         port = free_port()
         replicas = [int(r.base_url.rsplit(":", 1)[1]) for r in (first, second)]
@@ -144,10 +149,11 @@ def test_a_console_session_is_valid_on_both_replicas_behind_haproxy(
         for _ in range(4):
             status, headers, _ = request(port, "GET", "/console", cookies)
             assert status == 303 and headers["location"] == "/console/login"
-    finally:
+    finally:  # every child told to stop first, then each awaited: they stop side by side
         for child in reversed(children):
             if child.poll() is None:
                 child.terminate()
+        for child in reversed(children):
             child.wait(timeout=120)
     for replica in (first, second):
         assert "Traceback" not in replica.output(), replica.output()[-3000:]

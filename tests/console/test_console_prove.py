@@ -13,9 +13,12 @@ from inference_wrapper.server import console_prove
 from inference_wrapper.server.app import KEYS
 from tests.console.conftest import Console
 from tests.console.conftest import sign_in as http_sign_in
-from tests.console.test_console_browser import browser, new_page, sign_in
+from tests.console.shared_browser import browser, chromium, console
+from tests.console.test_console_browser import new_page, sign_in
 
-__all__ = ["browser"]  # the fixture, imported for these tests
+pytestmark = pytest.mark.asyncio(loop_scope="module")  # one browser for the module
+__all__ = ["browser", "chromium", "console"]  # the fixtures, imported for these tests
+
 # The synthetic records are dated 2026-11-30 09:00-09:06; the service's own leaves, now.
 WINDOW = "since=2026-11-30T08:00&until=2026-11-30T10:00"
 VOUCHED = (r"; checkpoint size (\d+) vouched for by "

@@ -14,19 +14,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from playwright.async_api import Browser, Page, expect
 
 from inference_wrapper.server.app import KEYS, LEDGER
 from ledger.record import AuditRecord, build_record
 from tests.console.conftest import Console
-from tests.console.test_console_browser import SHOTS, browser, new_page, sign_in
+from tests.console.shared_browser import browser, chromium, console
+from tests.console.test_console_browser import SHOTS, new_page, sign_in
 from tests.console.test_local_console import start_local
 
-__all__ = ["browser"]  # the fixture, imported for these tests
+pytestmark = pytest.mark.asyncio(loop_scope="module")  # one browser for the module
+__all__ = ["browser", "chromium", "console"]  # the fixtures, imported for these tests
+
 RLO = "\u202e"
 
 
-@pytest.fixture(params=["operator", "local"])
+@pytest_asyncio.fixture(params=["operator", "local"], loop_scope="module")
 async def open_console(request: pytest.FixtureRequest, console: Console, browser: Browser
                        ) -> AsyncIterator[Callable[[str], object]]:
     """Opens the search page with a key: signed in to the operator's console, or on an

@@ -34,9 +34,7 @@ from ledger.checkpoint import Checkpoint, NoteSigner
 from ledger.client.sources import ServerSource
 from ledger.merkle import MemoryTree, hash_leaf
 from tests.console.conftest import Console
-from tests.console.test_console_browser import browser, new_page, sign_in, statuses
-
-__all__ = ["browser"]  # the fixture, shared with the operator-hosted console's tests
+from tests.console.test_console_browser import new_page, sign_in, statuses
 
 # path -> JSON answer -> (possibly rewritten) answer; ``fetch`` reads the real service.
 Fetch = Callable[[str], Awaitable[dict[str, Any]]]

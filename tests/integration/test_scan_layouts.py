@@ -7,6 +7,7 @@ PostgreSQL alike. Tampering is plain SQL, as an operator with database access wo
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from ledger.checkpoint import NoteSigner
 from ledger.leaves import commitments
 from ledger.leaves.batch_layouts import BatchLayouts
 from ledger.leaves.body_codec import pack_body, unpack_body
-from ledger.leaves.envelope import Leaf
+from ledger.leaves.envelope import Leaf, tenant_tag
 from ledger.leaves.environment import build_environment
 from ledger.leaves.record_v2 import EnvironmentRef, RowFacts, build_records_v2
 from ledger.store.fsck import fsck
@@ -47,19 +48,22 @@ def _environment(accelerator_model: str) -> Leaf:
         generation_config_digest="sha256:" + "02" * 32)
 
 
-def _facts(row: int) -> RowFacts:
+def _facts(row: int, stream_start: str | None = None) -> RowFacts:
     salt = bytes([row]) * 32
     return RowFacts(
         tenant=f"tenant-{row % 2}", commitments=commitments.row_commitments(
             input_salt=salt, output_salt=salt, prompt=f"p{row}", input_ids=[row] * (row + 1),
             output="o", output_ids=[1]),
         input_token_count=row + 1, output_token_count=1, truncated=False,
-        finish_reason="length", padding_count=ROWS - row - 1, parse_ms=0.047 + row)
+        finish_reason="length", padding_count=ROWS - row - 1, parse_ms=0.047 + row,
+        stream_start_record_id=stream_start)
 
 
-def _build(url: str, signer: NoteSigner, forged_batch: int | None = None) -> list[Leaf]:
+def _build(url: str, signer: NoteSigner, forged_batch: int | None = None,
+           streamed_batch: int | None = None) -> list[Leaf]:
     """Leaf 0: the engine's environment, leaf 1: another one; then BATCHES batches. The
-    ``forged_batch`` names leaf 0 with leaf 1's hash."""
+    ``forged_batch`` names leaf 0 with leaf 1's hash; each row of ``streamed_batch``
+    names a stream start the log does not hold."""
     declared, other = _environment("NVIDIA H200"), _environment("NVIDIA A100")
     leaves = [declared, other]
     for batch in range(BATCHES):
@@ -68,7 +72,9 @@ def _build(url: str, signer: NoteSigner, forged_batch: int | None = None) -> lis
             origin=ORIGIN, engine="engine-0", environment=EnvironmentRef(0, named.leaf_hash),
             batch_id=f"{batch:032x}", padded_length=ROWS, padding_side="left",
             generation={"max_new_tokens": 24, "temperature": 0},
-            timings_ms={"forward": 12.25}, rows=[_facts(row) for row in range(ROWS)])
+            timings_ms={"forward": 12.25},
+            rows=[_facts(row, f"start-{row}" if batch == streamed_batch else None)
+                  for row in range(ROWS)])
     with SqlLedger(url).start() as ledger:
         for leaf in leaves:
             ledger.append(leaf)
@@ -108,11 +114,24 @@ def _edit_envelope_byte(url: str) -> None:
     _sql(url, "UPDATE records SET canonical = :c WHERE leaf_index = :i", c=edited, i=TARGET)
 
 
+def _edit_envelope_tag(url: str) -> None:
+    """The envelope names another tenant's tag (its body's digest kept)."""
+    with SqlLedger(url) as ledger:
+        row = ledger.record_at(TARGET)
+    assert row is not None
+    tag = row.canonical.index(b'"tenant_tag":"sha256:') + len(b'"tenant_tag":"sha256:')
+    other = tenant_tag(ORIGIN, "tenant-9").removeprefix("sha256:").encode("ascii")
+    edited = row.canonical[:tag] + other + row.canonical[tag + 64:]
+    _sql(url, "UPDATE records SET canonical = :c WHERE leaf_index = :i", c=edited, i=TARGET)
+
+
 TAMPERING: dict[str, tuple[Callable[[str], None], list[str], list[str]]] = {
     # name: (what is done, fsck's finding kinds, audit's finding kinds)
     "a body byte": (_edit_body_byte, ["record_unparseable"], ["record_unparseable"]),
     "an envelope byte": (_edit_envelope_byte, ["record_altered"],
                          ["record_unparseable", "root_mismatch"]),
+    "the envelope's tenant tag": (_edit_envelope_tag, ["record_altered"],
+                                  ["record_unparseable", "root_mismatch"]),
     "the tenant column": (lambda url: _sql(
         url, "UPDATE records SET tenant = 'tenant-1' WHERE leaf_index = :i", i=TARGET),
         ["column_mismatch"], ["column_mismatch"]),
@@ -122,6 +141,15 @@ TAMPERING: dict[str, tuple[Callable[[str], None], list[str], list[str]]] = {
     "the environment index column": (lambda url: _sql(
         url, "UPDATE records SET environment_index = 1 WHERE leaf_index = :i", i=TARGET),
         ["column_mismatch"], ["column_mismatch"]),
+    "the record id column": (lambda url: _sql(
+        url, "UPDATE records SET record_id = 'another-id' WHERE leaf_index = :i", i=TARGET),
+        ["column_mismatch"], ["column_mismatch"]),
+    "the time column": (lambda url: _sql(
+        url, "UPDATE records SET created_at = :t WHERE leaf_index = :i",
+        t=datetime(2001, 2, 3, 4, 5, 6), i=TARGET), ["column_mismatch"], ["column_mismatch"]),
+    "a stored body that does not inflate": (lambda url: _sql(
+        url, "UPDATE records SET body = :b WHERE leaf_index = :i", b=b"\x01\xff\x00",
+        i=TARGET), ["record_unparseable"], ["record_unparseable"]),
     "a deleted row": (lambda url: _sql(url, "DELETE FROM records WHERE leaf_index = :i",
                                        i=TARGET), ["record_missing"], ["rows_missing"]),
     "the environments row": (lambda url: _sql(
@@ -165,8 +193,9 @@ def test_a_clean_batched_log_passes_with_most_rows_read_through_layouts(
     _build(ledger_url, signer)
     decided = _count_layout_reads(monkeypatch)
     assert _findings(ledger_url, signer, capsys) == ([], [])
-    # fsck and audit each: all but the first two rows of each batch
-    assert decided[0] == 2 * BATCHES * (ROWS - 2)
+    # fsck and audit each: all but the first row of each batch (its layout is made from
+    # that row, since the row says its batch has others)
+    assert decided[0] == 2 * BATCHES * (ROWS - 1)
 
 
 @pytest.mark.parametrize("tampering", list(TAMPERING), ids=list(TAMPERING))
@@ -203,3 +232,16 @@ def test_a_batch_naming_another_environments_hash_is_found_on_every_row(
         ("environment_mismatch", f"leaf {i} (record {leaves[i].record_id})") for i in forged]
     assert [(f["kind"], f["leaf_index"]) for f in found[1]] == [
         ("environment_mismatch", i) for i in forged]
+
+
+def test_streamed_records_naming_starts_the_log_lacks_are_found_on_every_row(
+        ledger_url: str, signer: NoteSigner, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _build(ledger_url, signer, streamed_batch=1)
+    full = _full_path_findings(ledger_url, signer, capsys, monkeypatch)
+    decided = _count_layout_reads(monkeypatch)
+    found = _findings(ledger_url, signer, capsys)
+    assert decided[0] > 0 and found == full
+    fsck_found, audit_found = found
+    assert [kind for kind, _, _ in fsck_found] == ["stream_start_mismatch"] * ROWS
+    assert [f["kind"] for f in audit_found] == ["stream_start_mismatch"] * ROWS

@@ -52,9 +52,9 @@ def verifier_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AUDIT_LEDGER_HOME", str(tmp_path / "home"))
 
 
-def _environment() -> Leaf:
+def _environment(engine: str = "engine-0") -> Leaf:
     return build_environment(
-        engine="engine-0", model={"name": "tiny-llama", "digest": "sha256:" + "cd" * 32,
+        engine=engine, model={"name": "tiny-llama", "digest": "sha256:" + "cd" * 32,
                                   "pinned": True},
         hardware={"accelerator": "cuda", "accelerator_model": "NVIDIA H200"},
         software={"torch": {"version": "2.6.0"}},
@@ -72,9 +72,9 @@ def _start(env_index: int, env: Leaf, *, tenant: str = "acme", prompt: str = "st
 
 
 def _record(env_index: int, env: Leaf, start_id: str | None, *, record_id: str = RECORD_ID,
-            tenant: str = "acme") -> Leaf:
+            tenant: str = "acme", engine: str = "engine-0") -> Leaf:
     return build_record_v2(
-        origin=ORIGIN, tenant=tenant, engine="engine-0",
+        origin=ORIGIN, tenant=tenant, engine=engine,
         environment=EnvironmentRef(env_index, env.leaf_hash),
         commitments=row_commitments(input_salt=SALT, output_salt=SALT, prompt="streamed",
                                     input_ids=[1, 2], output="ok", output_ids=[3]),
@@ -194,6 +194,38 @@ def test_a_second_record_naming_a_completed_start_is_found_by_audit_and_fsck(
     assert "that no other record completed" in out["findings"][0]["message"]
     code, out = cli_json(capsys, "log", "fsck", "--db", url, "--log-key", KEY, "--no-state")
     assert [f["kind"] for f in out["findings"]] == ["stream_start_mismatch"], out
+
+
+def test_a_stream_served_by_another_engine_than_its_start_names_verifies(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Decision 0058: the start names the first engine's environment at admission, the
+    record the environment of the engine that ran it; with two engines they differ, and
+    every verifier accepts it (each reference is checked on its own)."""
+    second = _environment("engine-1")
+    url = _log(tmp_path, lambda i, env: [second, _start(i, env),
+                                         _record(i + 1, second, START_ID, engine="engine-1")])
+    code, out = cli_json(capsys, "verify", RECORD_ID, "--db", url, *TRUST)
+    assert code == 0, out
+    code, out = cli_json(capsys, "audit", "--db", url, *EVERYTHING, "--log-key", KEY)
+    assert code == 0 and out["complete"], out
+    code, out = cli_json(capsys, "log", "fsck", "--db", url, "--log-key", KEY, "--no-state")
+    assert code == 0 and out["ok"], out
+
+
+def test_a_start_naming_no_environment_leaf_is_found_by_audit_and_fsck(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The start's own environment reference is judged as a record's is (0058): here it
+    names the leaf after the environment, which is no environment leaf."""
+    url = _log(tmp_path, lambda i, env: [_start(i + 1, env), _record(i, env, START_ID)])
+    code, out = cli_json(capsys, "audit", "--db", url, *EVERYTHING, "--log-key", KEY)
+    assert code == 1, out
+    assert [(f["kind"], f["record_id"]) for f in out["findings"]] == [
+        ("environment_mismatch", START_ID)], out
+    assert "names leaf 6 as its environment, which is no environment leaf before it" in \
+        out["findings"][0]["message"]
+    code, out = cli_json(capsys, "log", "fsck", "--db", url, "--log-key", KEY, "--no-state")
+    assert code == 1
+    assert [f["kind"] for f in out["findings"]] == ["environment_mismatch"], out
 
 
 async def _streamed(service: Service) -> dict[str, Any]:  # noqa: F811

@@ -172,11 +172,13 @@ _path_keys = st.text(alphabet=st.sampled_from(["a", "b", "z", "_"]), min_size=1,
 @given(st.data())
 def test_layout_fill_equals_whole_canonicalization(data: st.DataObject) -> None:
     """A family of objects: a template, some leaves (by path) varying; every member's
-    filled bytes equal RFC 8785's bytes of that member."""
-    from ledger.canonical import Canonical, Layout
+    filled (and joined) bytes equal RFC 8785's bytes of that member."""
+    from ledger.canonical import Canonical, Layout, encode_leaf
 
     inner = data.draw(st.dictionaries(_path_keys, json_scalars, min_size=1, max_size=4))
     template = data.draw(st.dictionaries(st.text(max_size=3), json_values, max_size=4))
+    if data.draw(st.booleans()):
+        template["%b%"] = data.draw(json_values)  # a member name the template must escape
     template["s"] = inner
     template["c"] = data.draw(json_values)
     varying = ["s." + key for key in data.draw(st.lists(st.sampled_from(sorted(inner)),
@@ -200,6 +202,11 @@ def test_layout_fill_equals_whole_canonicalization(data: st.DataObject) -> None:
                 layout.fill(member)
         else:
             assert layout.fill(member) == expected
+            # join: the same leaves, encoded by the caller, in the order they were named
+            # (not the bytes' order); member names may hold "%" (the template escapes it).
+            leaves = [encode_leaf(member["top"] if path == "top" else member["s"][path[2:]])
+                      for path in varying]
+            assert layout.join(leaves) == expected
 
 
 @pytest.mark.parametrize("members, varying, message", [
@@ -225,6 +232,15 @@ def test_layout_refuses_a_template_that_spells_its_placeholder() -> None:
     clash = canonical._slot_placeholder("a.b")  # what no caller can guess, given anyway
     with pytest.raises(LayoutError, match="'a.b' did not occur exactly once"):
         Layout({"a": {"b": 1}, "c": clash}, ["a.b"])
+
+
+def test_layout_join_wants_every_varying_leaf() -> None:
+    from ledger.canonical import Layout, LayoutError
+
+    layout = Layout({"a": {"b": 1, "c": 2}, "d": 3}, ["d", "a.c"])
+    assert layout.join([b"4", b"5"]) == b'{"a":{"b":1,"c":5},"d":4}'
+    with pytest.raises(LayoutError, match="2 leaves vary, 1 were given"):
+        layout.join([b"4"])
 
 
 def test_version_strings_stay_on_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:

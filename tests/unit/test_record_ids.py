@@ -21,3 +21,15 @@ def test_record_ids_sort_by_time_and_differ_within_a_millisecond() -> None:
     assert ids == sorted(ids)
     same = {new_record_id(1_764_000_000_000) for _ in range(1000)}
     assert len(same) == 1000
+
+
+def test_a_batch_of_record_ids_is_uuid7_of_one_moment() -> None:
+    from ledger.leaf_base import new_record_ids
+
+    ids = new_record_ids(300, 1_764_000_000_000)
+    assert len(set(ids)) == 300
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert str(parsed) == text and parsed.version == 7
+        assert parsed.variant == uuid.RFC_4122 and parsed.int >> 80 == 1_764_000_000_000
+    assert new_record_ids(0) == []

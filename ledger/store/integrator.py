@@ -159,7 +159,9 @@ class Integrator:
                 self.lease.dispose()
 
     def _loop(self) -> None:
-        last_seal = 0.0
+        # The first seal comes one interval after start, as every later one does (a zero
+        # here made it depend on how long ago the machine booted: monotonic time).
+        last_seal = time.monotonic()
         while not self._stop.wait(self._tick_s):
             try:
                 self.check_fencing_reach()  # until known (the database may be away)

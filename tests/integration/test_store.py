@@ -19,6 +19,7 @@ from ledger.errors import DuplicateRecordError, InvalidInputError, RootMismatchE
 from ledger.store.fsck import fsck
 from ledger.store.integrator import Integrator
 from ledger.store.keys import load_or_create_signer
+from ledger.store.lease import Lease, lease_for
 from ledger.store.migrate import upgrade
 from ledger.store.schema import checkpoints, metadata, records
 from ledger.store.sql import SqlLedger
@@ -351,3 +352,48 @@ def test_an_idempotent_request_cancelled_from_outside_keeps_its_key(ledger_url: 
     held = store.get("bank-a", "k")
     assert held is not None and held.state == "pending" and held.owner == "a"
     engine.dispose()
+
+
+class _CountingLease:
+    """The real lease, with each tick's call counted (the loop renews it every tick)."""
+
+    def __init__(self, inner: Lease) -> None:
+        self.inner, self.calls = inner, 0
+
+    def try_acquire(self) -> bool:
+        self.calls += 1
+        return self.inner.try_acquire()
+
+    def release(self) -> None:
+        self.inner.release()
+
+    @property
+    def held(self) -> bool:
+        return self.inner.held
+
+
+def test_integrator_seals_first_one_interval_after_start(
+        ledger_url: str, signer: NoteSigner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An hour's interval means no seal in the first seconds, however long ago the
+    machine booted (monotonic time is read as far past any interval here). Before, the
+    first tick sealed on a machine up for over an interval and not on a younger one, so a
+    test rolling back a checkpoint raced a seal only on freshly booted machines."""
+    import types
+
+    from ledger.store import integrator as module
+
+    booted_long_ago = types.SimpleNamespace(monotonic=lambda: time.monotonic() + 10**6)
+    monkeypatch.setattr(module, "time", booted_long_ago)
+    with SqlLedger(ledger_url) as ledger:
+        ledger.append(make_record(1))
+        lease = _CountingLease(lease_for(ledger))
+        integrator = Integrator(ledger, signer, ORIGIN, interval_s=3600, lease=lease)
+        integrator._tick_s = 0.01
+        integrator.start()
+        deadline = time.monotonic() + 120  # an overall bound, not a speed assumption
+        while lease.calls < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert lease.calls >= 3
+        assert ledger.latest_checkpoint() is None  # ticks went by, no interval did
+        integrator.stop()  # stopping seals what was appended
+        assert ledger.latest_checkpoint().size == 1  # type: ignore[union-attr]

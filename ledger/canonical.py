@@ -149,8 +149,19 @@ def _has_integral_float(data: bytes) -> bool:
 
 def json_number(value: float) -> int | float:
     """The same number as RFC 8785 writes it: an int when integral (``5.0`` and ``5`` are
-    both ``5`` there). Values built this way stay on ``canonical_bytes``'s fast path."""
-    return int(value) if value.is_integer() and abs(value) < 2**53 else value
+    both ``5`` there). Values built this way stay on ``canonical_bytes``'s fast path.
+
+    An integral float from 2**53 up to 1e21 is refused (``CanonicalFormError``): RFC 8785
+    writes it as bare digits (``15000000000000000``), which read back as an integer
+    beyond the safe range that no reader accepts, so a leaf holding it could never be
+    opened again."""
+    if value.is_integer():
+        if abs(value) < 2**53:
+            return int(value)
+        if abs(value) < 1e21:
+            raise CanonicalFormError(f"number {value!r} would be written as an integer "
+                                     f"beyond 2**53, which no reader accepts")
+    return value
 
 
 def _reference_bytes(value: Any, fast_error: BaseException | None = None) -> bytes:

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from ledger.canonical import canonical_bytes, parse_canonical
+from ledger.canonical import canonical_bytes, json_number, parse_canonical, parse_strict
 from ledger.errors import CanonicalFormError
 
 
@@ -311,3 +311,22 @@ def test_shape_scans(shape: bytes, exponent: bool, long: bool) -> None:
 
     assert _has_exponent_float(shape) is exponent
     assert _has_long_integer(shape) is long
+
+
+@pytest.mark.parametrize("value, expected", [
+    (5.0, 5), (-0.0, 0), (2.0**53 - 1, 2**53 - 1), (0.25, 0.25), (1e21, 1e21), (-1e300, -1e300),
+])
+def test_json_number_keeps_what_reads_back(value: float, expected: float) -> None:
+    assert json_number(value) == expected
+    assert type(json_number(value)) is type(expected)
+    assert parse_strict(canonical_bytes([json_number(value)])) == [expected]
+
+
+@pytest.mark.parametrize("value", [2.0**53, 1.5e16, -1.5e16, 9.99e20])
+def test_json_number_refuses_what_would_read_back_as_an_unsafe_integer(value: float) -> None:
+    # RFC 8785 spells these as bare digits: they read back as an integer beyond 2**53,
+    # which has no canonical bytes, so a leaf holding one could never be opened again.
+    with pytest.raises(CanonicalFormError, match="integer beyond 2\\*\\*53"):
+        json_number(value)
+    with pytest.raises(CanonicalFormError, match="exceeds safe integer domain"):
+        canonical_bytes(parse_strict(canonical_bytes([value])))

@@ -222,3 +222,16 @@ def test_a_sealed_batch_is_the_reference_bytes(tiny_generator: Any) -> None:
         assert (leaf.envelope, leaf.body, leaf.leaf_hash) == \
             (alone.envelope, alone.body, alone.leaf_hash)
         assert content["batch"]["row"] == row and content["data"]["input_token_count"] == len(real)
+
+
+@pytest.mark.parametrize("where", ["generation", "timings_ms"])
+def test_a_number_no_reader_could_open_is_never_written(where: str) -> None:
+    """An integral float from 2**53 up is written by RFC 8785 as bare digits, which read
+    back as an integer without canonical bytes: such a leaf could never be opened again.
+    The batch refuses to build (the seal then refuses each row alone) instead."""
+    from ledger.errors import CanonicalFormError
+
+    arguments = shapes()[0]
+    arguments[where] = {**arguments[where], "huge": 1.5e16}
+    with pytest.raises(CanonicalFormError, match="integer beyond 2\\*\\*53"):
+        build_records_v2(**arguments, record_ids=_record_ids(1, 0))

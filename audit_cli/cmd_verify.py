@@ -139,7 +139,9 @@ def _witnesses(values: list[str]) -> list[WitnessKey]:
     return keys
 
 
-def _policy(args: argparse.Namespace) -> TrustPolicy:
+def pinned_witnesses(args: argparse.Namespace) -> tuple[list[WitnessKey], int | None]:
+    """``--witness`` and ``--witness-quorum`` checked as one policy, for every command
+    that trusts a checkpoint by its cosignatures (verify, query --prove, restore)."""
     witnesses = _witnesses(args.witness)
     names = [w.name for w in witnesses]
     if len(set(names)) != len(names):
@@ -154,6 +156,11 @@ def _policy(args: argparse.Namespace) -> TrustPolicy:
     if quorum is not None and not 1 <= quorum <= len(witnesses):
         raise InvalidInputError("--witness-quorum",
                                 f"must be between 1 and {len(witnesses)} (the witnesses given)")
+    return witnesses, quorum
+
+
+def _policy(args: argparse.Namespace) -> TrustPolicy:
+    witnesses, quorum = pinned_witnesses(args)
     return TrustPolicy(witnesses=witnesses, quorum=quorum, fabric=bool(args.fabric_endpoint),
                        accept_self_anchored=args.accept_self_anchored)
 

@@ -12,6 +12,7 @@ import pytest
 from ledger.checkpoint import NoteSigner
 from ledger.store.fsck import RowWorkers, fsck
 from ledger.store.sql import SqlLedger
+from tests.cli_runs import cli_json
 from tests.integration.test_scan_layouts import ROWS, _build, _edit_body_byte, _sql
 
 # Leaves: 0 and 1 environments, then batches of ROWS: 2..9 streamed (naming starts the
@@ -70,3 +71,14 @@ def test_one_worker_or_one_range_is_checked_in_this_process() -> None:
     assert not RowWorkers("sqlite:///x.db", workers=4, rows_per_range=5).used(5)
     assert RowWorkers("sqlite:///x.db", workers=2, rows_per_range=5).ranges(11) == [
         (0, 5), (5, 10), (10, None)]
+
+
+def test_the_cli_takes_a_worker_count_and_refuses_none(
+        ledger_url: str, signer: NoteSigner, capsys: pytest.CaptureFixture[str]) -> None:
+    _build(ledger_url, signer)
+    key = signer.verifier().encode()
+    command = ("log", "--db", ledger_url, "--log-key", key, "--no-state", "fsck")
+    code, said = cli_json(capsys, *command, "--workers", "2")
+    assert code == 0 and said["ok"] and said["records_checked"] == 2 + 3 * ROWS
+    code, said = cli_json(capsys, *command, "--workers", "0")
+    assert code != 0 and "--workers: give 1 or more" in str(said)

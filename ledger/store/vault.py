@@ -38,6 +38,7 @@ from ledger.content_records import check_legal_basis
 from ledger.errors import InvalidInputError
 from ledger.leaves.content_leaves import build_access, build_erasure
 from ledger.leaves.envelope import Leaf
+from ledger.leaves.fields import check_tenant_name
 from ledger.record import new_record_id, utc_timestamp
 from ledger.store.log_origin import stored_origin
 from ledger.store.receipts import erased_answer, names_any
@@ -740,8 +741,7 @@ def _secure_delete(dbapi_connection: Any, _record: Any) -> None:
 
 
 def _check_tenant(tenant: str) -> None:
-    if not isinstance(tenant, str) or not 1 <= len(tenant) <= 128:
-        raise InvalidInputError("tenant", "must be 1 to 128 characters")
+    check_tenant_name(tenant)
 
 
 def check_subject(subject: Any) -> str:

@@ -619,12 +619,13 @@ class ContentVault:
                     erased_at=erased_at, erasure_record_id=erasure_record_id))
         # Idempotency-Key answers naming these records (stored before or while this
         # erasure ran) become 410s: the key stays bound to its record, nothing replays.
+        # Their fingerprints go too: a 410 to any body tells no body apart (0062).
         for record_id in record_ids:
             conn.execute(update(receipts).where(
                 receipts.c.tenant == tenant, names_any([record_id]))
                 .values(state="done", response=json.dumps(erased_answer(
                     record_id, erased_at, erasure_record_id)),
-                    response_ct=None, wrapped_key=None, kek_id=None))
+                    response_ct=None, wrapped_key=None, kek_id=None, fingerprint=None))
         return self._rekey(conn, tenant, {str(k) for _, k in live if k is not None})
 
     def _rekey(self, conn: Connection, tenant: str, kek_ids: set[str],
@@ -723,6 +724,10 @@ class ContentVault:
                 conn.execute(update(vault_content)
                              .where(vault_content.c.record_id == bindparam("rid"))
                              .values(subject_hash=bindparam("hash")), rehashed)
+            # Receipt fingerprints are MACs under the old key, which is destroyed below:
+            # they go, and those keys answer their stored answers to any body (0062).
+            conn.execute(update(receipts).where(receipts.c.tenant == tenant)
+                         .values(fingerprint=None))
         legacy = len(rows) - len(rehashed)
         if not legacy:
             self.keks.retire_subject_keys(tenant)

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from ledger import merkle
 from ledger.body_bundles import envelope_tag
-from ledger.canonical import parse_strict
+from ledger.canonical import canonical_bytes, parse_strict
 from ledger.checkpoint import Checkpoint, NoteVerifier
 from ledger.cosignature import WitnessKey, valid_cosigners
 from ledger.errors import InvalidInputError, LeafBindingError
@@ -46,6 +46,13 @@ class BodyReader(Protocol):
         """Leaf ``index``'s bytes, proved included in the checkpoint's tree."""
 
 
+def _check_text(name: str, value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate (argv's undecodable bytes)
+        raise InvalidInputError(name.replace("_", "-"), "is not valid Unicode text") from exc
+
+
 class LeafFilter:
     """The filters applied to one leaf's bytes (a ``keep`` for ``check_window``)."""
 
@@ -55,12 +62,15 @@ class LeafFilter:
         if unknown:
             raise InvalidInputError(unknown[0], f"a proved window filters by "
                                     f"{', '.join(FILTERS)}")
+        for name, value in filters.items():
+            _check_text(name, value)
         self.filters, self.origin, self.reader = dict(filters), origin, reader
         self.tag = tenant_tag(origin, filters["tenant"]) if "tenant" in filters else None
         self.others = {k: v for k, v in filters.items() if k != "tenant"}
         self._wanted = [value.encode() for value in filters.values()]
-        # A v1 record's tenant as canonical JSON spells it, for the tenant-only fast path.
-        self._tenant_member = (b'"tenant":' + json.dumps(filters["tenant"]).encode()
+        # A v1 record's tenant as canonical JSON spells it (RFC 8785: raw UTF-8, never
+        # \u escapes for printable text), for the tenant-only fast path.
+        self._tenant_member = (b'"tenant":' + canonical_bytes(filters["tenant"])
                                if set(filters) == {"tenant"} else None)
         self._environments: dict[int, tuple[str, str, dict[str, str | None]]] = {}
 

@@ -27,7 +27,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="the log's signing key file (operators; default: the service's)")
     actions = parser.add_subparsers(dest="action", required=True)
     actions.add_parser("checkpoint", help="the latest signed checkpoint")
-    actions.add_parser("fsck", help="recompute everything from the stored bytes")
+    fsck = actions.add_parser("fsck", help="recompute everything from the stored bytes")
+    fsck.add_argument("--workers", type=int, default=None,
+                      help="processes checking the rows by ranges (default: one per core, "
+                           "at most 8; 1: all in this process)")
     consistency = actions.add_parser("consistency", help="prove FROM is a prefix of TO")
     consistency.add_argument("first", type=int)
     consistency.add_argument("second", type=int)
@@ -126,11 +129,15 @@ def run(args: argparse.Namespace) -> int:
                 print(f"published the checkpoint of size {size} and its tiles to {args.to}")
             return 0 if size else 1
         from ledger.store.fsck import Finding, fsck
+        from ledger.store.fsck_workers import RowWorkers, default_workers
 
+        if args.workers is not None and args.workers < 1:
+            raise InvalidInputError("--workers", "give 1 or more")
         meta = None if args.log_key else ledger.log_meta()
         verifier = _verifier(args, key_file, meta.origin if meta else None)
         memory = Memory(args, verifier)
-        report = fsck(ledger, verifier, progress=progress_printer("checked"))
+        workers = RowWorkers(url, args.workers or default_workers())
+        report = fsck(ledger, verifier, progress=progress_printer("checked"), workers=workers)
         # A tail truncated or rewritten behind the checkpoint this auditor saw last.
         divergence = memory.check(ledger)
         if divergence is not None:

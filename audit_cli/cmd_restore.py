@@ -29,7 +29,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from audit_cli.cmd_verify import _witnesses
+    from audit_cli.cmd_verify import pinned_witnesses
     from ledger.client.tiles import open_tiles
     from ledger.store.migrate import upgrade
     from ledger.store.restore import bulk_load_aside, restore
@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     if args.source.startswith(("http://", "https://")):
         raise InvalidInputError("--from", "restore reads a directory or a bucket")
     verifier = pinned_verifier(args)
+    witnesses, quorum = pinned_witnesses(args)  # checked before anything is written
     notes = []
     for path in args.checkpoint:
         try:
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         bulk_load_aside(engine)
     try:
         done = restore(engine, source.get, verifier, args.origin or verifier.name,
-                       witnesses=_witnesses(args.witness), quorum=args.witness_quorum,
+                       witnesses=witnesses, quorum=quorum,
                        trusted_notes=notes, progress=progress_printer("restored"))
     except BaseException:
         if aside:

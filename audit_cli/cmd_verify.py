@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,10 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     for name in FILTERS:
         window.add_argument(f"--{name.replace('_', '-')}", dest=name)
+    window.add_argument("--since", help="RFC 3339 time (UTC if no zone): the bundle must "
+                        "prove a window that starts no later")
+    window.add_argument("--until", help="RFC 3339 time: the bundle's window must end no "
+                        "earlier")
 
 
 def _salt(value: str | None, name: str) -> bytes | None:
@@ -139,7 +144,9 @@ def _witnesses(values: list[str]) -> list[WitnessKey]:
     return keys
 
 
-def _policy(args: argparse.Namespace) -> TrustPolicy:
+def pinned_witnesses(args: argparse.Namespace) -> tuple[list[WitnessKey], int | None]:
+    """``--witness`` and ``--witness-quorum`` checked as one policy, for every command
+    that trusts a checkpoint by its cosignatures (verify, query --prove, restore)."""
     witnesses = _witnesses(args.witness)
     names = [w.name for w in witnesses]
     if len(set(names)) != len(names):
@@ -154,6 +161,11 @@ def _policy(args: argparse.Namespace) -> TrustPolicy:
     if quorum is not None and not 1 <= quorum <= len(witnesses):
         raise InvalidInputError("--witness-quorum",
                                 f"must be between 1 and {len(witnesses)} (the witnesses given)")
+    return witnesses, quorum
+
+
+def _policy(args: argparse.Namespace) -> TrustPolicy:
+    witnesses, quorum = pinned_witnesses(args)
     return TrustPolicy(witnesses=witnesses, quorum=quorum, fabric=bool(args.fabric_endpoint),
                        accept_self_anchored=args.accept_self_anchored)
 
@@ -224,6 +236,10 @@ def run(args: argparse.Namespace) -> int:
     state = _State(args, verifier)
     if args.bundle and _is_window_bundle(args.bundle):
         return _verify_window(args, verifier)
+    for name in ("since", "until"):  # a record or record bundle proves no window
+        if getattr(args, name) is not None:
+            raise InvalidInputError(f"--{name}", "applies to a window bundle "
+                                    "(export --window)")
     if args.bundle:
         return _verify_bundle(args, verifier, policy, disclosure, state)
     if not args.record_id:
@@ -466,6 +482,13 @@ def _report(verdicts: list[Verdict], args: argparse.Namespace) -> None:
         print("SELF-ANCHORED: only the operator's own anchor vouches for this checkpoint")
 
 
+def _utc_text(moment: datetime) -> str:
+    """A bundle's window edge as RFC 3339 UTC (a time without a zone is UTC)."""
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC).replace(tzinfo=None)
+    return moment.isoformat() + "Z"
+
+
 def _is_window_bundle(path: Path) -> bool:
     from ledger.window_bundle import is_window_bundle
 
@@ -479,21 +502,27 @@ def _is_window_bundle(path: Path) -> bool:
 def _verify_window(args: argparse.Namespace, verifier: NoteVerifier) -> int:
     """A window bundle: every leaf of its range present and checked against its signed
     (and witnessed) checkpoint; filters (--tenant etc.) applied locally."""
-    from audit_cli.filters import FILTERS
+    from audit_cli.filters import FILTERS, parse_time
     from audit_cli.windows import leaf_filter, trusted_checkpoint
+    from ledger.window import check_covers
     from ledger.window_bundle import BundleReader, WindowBundle, check_bundle
 
+    since, until = parse_time(args.since, "--since"), parse_time(args.until, "--until")
     bundle = WindowBundle.loads(args.bundle.read_text(encoding="utf-8"))
     checkpoint, vouched = trusted_checkpoint(args, verifier, bundle.checkpoint)
     filters = {n: getattr(args, n) for n in FILTERS if getattr(args, n, None)}
     reader = BundleReader(bundle, checkpoint)  # its bodies, checked as the filter reads them
     answer = check_bundle(bundle, checkpoint, leaf_filter(filters, checkpoint.origin, reader),
                           reader)
+    check_covers((bundle.since, bundle.until), since, until)
+    window = [_utc_text(bundle.since), _utc_text(bundle.until)]
     if args.json:
-        print_json({"complete": True, "start": answer.start, "end": answer.end,
+        print_json({"complete": True, "since": window[0], "until": window[1],
+                    "start": answer.start, "end": answer.end,
                     "in_window": answer.in_window, "matched": len(answer.matched),
                     "tree_size": answer.tree_size, "checkpoint": vouched})
     else:
+        print(f"window proved: [{window[0]}, {window[1]})")
         print(f"{answer.summary()} (signed checkpoint of size {answer.tree_size}, "
               f"{vouched}; {answer.in_window} leaves in the window)")
     return EXIT_OK

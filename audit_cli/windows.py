@@ -35,17 +35,17 @@ def trusted_checkpoint(args: argparse.Namespace, verifier: NoteVerifier, note: b
                        ) -> tuple[Checkpoint, str]:
     """The checkpoint, verified with the pinned key and the witness policy; and how it
     is vouched for ("witnessed by a, b" or "UNWITNESSED")."""
-    from audit_cli.cmd_verify import _witnesses
+    from audit_cli.cmd_verify import pinned_witnesses
 
     checkpoint = verifier.open_checkpoint(note, args.origin or verifier.name)
-    witnesses = _witnesses(args.witness)
+    witnesses, quorum = pinned_witnesses(args)
     if not witnesses:
         if not (getattr(args, "accept_unwitnessed", False)
                 or getattr(args, "accept_self_anchored", False)):
             raise InvalidInputError("--witness", "a proved window needs pinned witnesses "
                                     "(or --accept-unwitnessed)")
         return checkpoint, "UNWITNESSED"
-    quorum = args.witness_quorum or len(witnesses)
+    quorum = quorum or len(witnesses)
     cosigned = valid_cosigners(note, witnesses)
     if len(cosigned) < quorum:
         raise WindowError(f"checkpoint {checkpoint.size} carries {len(cosigned)} valid "

@@ -187,6 +187,8 @@ def compare_columns(leaf_index: int, record_id: str, record: AuditRecord | Leaf,
 _NULL_COLUMNS = frozenset(name for name, value in leaf_columns(Leaf(
     b"", b"", b"", RECORD_KIND, {"record_id": "", "created_at": "", "tenant": ""})).items()
     if value is None) - {"environment_index"}
+# The environment a v2 record names: (leaf index, leaf hash in hex, the record's engine).
+EnvironmentKey = tuple[int, str, str]
 _ENVELOPE_START = b'{"body":"sha256:'
 _DIGEST_AT, _DIGEST_END = len(_ENVELOPE_START), len(_ENVELOPE_START) + 64  # the body's
 
@@ -211,7 +213,8 @@ class QuickRows:
         self._origin = origin
         self._layouts = layouts
         self._environment_leaves = environment_leaves
-        self._named: set[tuple[Any, ...]] = set()  # (index, hash, engine) that passed
+        self._named: set[EnvironmentKey] = set()  # those that passed
+        self._keys: dict[EnvironmentKey, EnvironmentKey] = {}  # one object per key
         self._times: dict[Any, datetime] = {}  # stored created_at -> its datetime
         self._tails: dict[tuple[str, str], bytes | None] = {}  # (time, tenant) -> tail
 
@@ -237,6 +240,17 @@ class QuickRows:
                   stored_time: Callable[[Any], datetime]) -> tuple[bytes, datetime] | None:
         """The row's leaf hash and time if ``raw`` (``ScannedRows``' tuple; ``typed``:
         the names of its columns from the eighth on) is proven right; else None."""
+        proof = self.proof(raw, typed, stored_time)
+        if proof is None or not self.environment_passes(proof[2]):
+            return None
+        return proof[0], proof[1]
+
+    def proof(self, raw: Sequence[Any], typed: Sequence[str],
+              stored_time: Callable[[Any], datetime]
+              ) -> tuple[bytes, datetime, EnvironmentKey | None] | None:
+        """``leaf_hash`` but for the environment's verdict: the leaf hash, the time and
+        the environment the row names (``environment_passes`` judges it), or None. A
+        worker over a range of rows proves them so, without the leaves before them."""
         (_, record_id, created_at, tenant, envelope, stored_body, environment_index,
          *columns) = raw
         if (stored_body is None or not envelope.startswith(_ENVELOPE_START)
@@ -266,16 +280,21 @@ class QuickRows:
         named = content.get("environment")
         if named is None:
             return None if environment_index is not None else (merkle.hash_leaf(envelope),
-                                                               moment)
+                                                               moment, None)
         key = (named["leaf_index"], named["leaf_hash"], content["engine"])
         if environment_index != key[0]:
             return None
-        if key not in self._named:
-            leaf = Leaf(envelope, body, b"", RECORD_KIND, content)
-            if environment_reference_problem(leaf, self._environment_leaves) is not None:
-                return None
-            self._named.add(key)
-        return merkle.hash_leaf(envelope), moment
+        return merkle.hash_leaf(envelope), moment, self._keys.setdefault(key, key)
+
+    def environment_passes(self, key: EnvironmentKey | None) -> bool:
+        """Whether a proven row naming ``key`` (or none) gets no finding from
+        ``environment_reference_problem`` given the environment leaves seen so far."""
+        if key is None or key in self._named:
+            return True
+        if named_environment_problem(*key, self._environment_leaves) is not None:
+            return False
+        self._named.add(key)
+        return True
 
 
 def _check_row(row: MirrorRow, report: AuditReport, origin: str,
@@ -346,18 +365,25 @@ def environment_reference_problem(leaf: Leaf, environment_leaves: Mapping[int, L
     named = leaf.content.get("environment")
     if named is None:
         return None
-    environment = environment_leaves.get(named["leaf_index"])
+    return named_environment_problem(named["leaf_index"], named["leaf_hash"],
+                                     leaf.content["engine"], environment_leaves)
+
+
+def named_environment_problem(index: int, leaf_hash: str, engine: str,
+                              environment_leaves: Mapping[int, Leaf]) -> str | None:
+    """``environment_reference_problem`` for a record of ``engine`` naming leaf ``index``
+    with ``leaf_hash`` (hex)."""
+    environment = environment_leaves.get(index)
     if environment is None:
         problem = "which is no environment leaf before it"
-    elif environment.leaf_hash.hex() != named["leaf_hash"]:
+    elif environment.leaf_hash.hex() != leaf_hash:
         problem = (f"but that leaf hashes to {environment.leaf_hash.hex()}, not the "
-                   f"{named['leaf_hash']} the record names")
-    elif environment.content["engine"] != leaf.content["engine"]:
-        problem = (f"which is {environment.content['engine']}'s, not "
-                   f"{leaf.content['engine']}'s")
+                   f"{leaf_hash} the record names")
+    elif environment.content["engine"] != engine:
+        problem = f"which is {environment.content['engine']}'s, not {engine}'s"
     else:
         return None
-    return f"the record names leaf {named['leaf_index']} as its environment, {problem}"
+    return f"the record names leaf {index} as its environment, {problem}"
 
 
 def stream_link_problem(leaf: Leaf, leaf_index: int, starts: dict[str, StartFacts]

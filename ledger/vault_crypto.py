@@ -42,6 +42,7 @@ CONTENT_AAD_PREFIX = b"audit-ledger/vault-content/v1"
 WRAP_AAD_PREFIX = b"audit-ledger/vault-data-key/v1"
 RECEIPT_WRAP_AAD_PREFIX = b"audit-ledger/receipt-key/v1"
 RECEIPT_AAD_PREFIX = b"audit-ledger/receipt/v1"
+RECEIPT_FINGERPRINT_LABEL = b"audit-ledger/receipt-fingerprint/v1"
 SUBJECT_FIELD = "subject"
 SUBJECT_PREFIX = "hmac-sha256:"
 
@@ -270,6 +271,17 @@ def open_receipt(keks: KeyEncryptionKeys, tenant: str, idempotency_key: str, kek
     be opened."""
     key = keks.unwrap(tenant, kek_id, wrapped, receipt_wrap_context(tenant, idempotency_key))
     return aead_decrypt(key, ciphertext, receipt_aad(tenant, idempotency_key))
+
+
+def receipt_fingerprint(subject_key: bytes, tenant: str, idempotency_key: str,
+                        request_digest: bytes) -> bytes:
+    """What a receipt stores to tell a retry's body from another one: an HMAC-SHA256 of
+    the request's digest under a key derived from the tenant's subject key (held in the
+    key store, never in the database), bound to the tenant and the key. Without the
+    subject key, guessing the body from it is not possible (decision 0062)."""
+    mac_key = hmac.new(subject_key, RECEIPT_FINGERPRINT_LABEL, hashlib.sha256).digest()
+    message = _aad(RECEIPT_FINGERPRINT_LABEL, tenant, idempotency_key, request_digest)
+    return hmac.new(mac_key, message, hashlib.sha256).digest()
 
 
 def subject_hash(key: bytes, subject: str) -> str:

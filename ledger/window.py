@@ -61,6 +61,19 @@ def _naive(moment: datetime) -> datetime:
     return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
 
 
+def check_covers(proved: tuple[datetime, datetime], since: datetime | None,
+                 until: datetime | None) -> None:
+    """The window an auditor asked for lies within the one proved complete (times
+    without a zone are UTC): a proof of another window proves nothing about it."""
+    low, high = _naive(proved[0]), _naive(proved[1])
+    if since is not None and _naive(since) < low:
+        raise WindowError(f"the proved window starts at {low.isoformat()}Z, after the "
+                          f"--since asked for ({_naive(since).isoformat()}Z)")
+    if until is not None and _naive(until) > high:
+        raise WindowError(f"the proved window ends at {high.isoformat()}Z, before the "
+                          f"--until asked for ({_naive(until).isoformat()}Z)")
+
+
 def before_window(moment: datetime, since: datetime, lag: timedelta = MAX_LAG) -> bool:
     """Whether a leaf of this time proves every earlier leaf is before ``since``."""
     return moment < _naive(since) - lag

@@ -6,7 +6,8 @@ Without the header a request is submitted and awaited as before. With it:
 - the work runs as its own task, so it finishes, commits its record and stores the
   whole answer (salts included) even if the caller timed out (504) or went away;
 - a repeat with the same key and body gets the stored answer without generating again;
-  a repeat with another body gets 422 naming the header;
+  a repeat with another body gets 422 naming the header (the store compares keyed MACs
+  of the bodies; a key whose record was erased answers 410 to any body, decision 0062);
 - a repeat while the first is still running waits for it (up to the request timeout,
   then 504, and the caller may retry again); see docs/decisions/0016-supervised-workers.md;
 - once the record is committed the key is never released: if the answer is an error
@@ -121,7 +122,7 @@ def key_from(request: web.Request) -> str | None:
 
 def fingerprint(path: str, body: Any) -> bytes:
     """The same route and JSON body (whatever its spacing or key order) give the same
-    fingerprint."""
+    fingerprint. Kept in memory only: the receipts store keeps a keyed MAC of it."""
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(path.encode() + b"\0" + text.encode()).digest()
 
@@ -315,7 +316,7 @@ class Idempotency:
 
     async def _repeat(self, request: web.Request, tenant: str, key: str, mark: bytes,
                       held: StoredReceipt) -> web.Response:
-        if held.fingerprint != mark:
+        if not await self._call(self.store.same_request, tenant, key, held, mark):
             raise invalid(HEADER, "was already used with a different request body")
         if held.state == "done" and held.response is not None:
             return _stored(held.response)

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ledger.errors import CanonicalFormError
+from ledger.errors import CanonicalFormError, InvalidInputError
 from ledger.leaves.envelope import is_timestamp
 
 ENGINE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
@@ -49,6 +49,27 @@ def text(value: Any, where: str, limit: int = 256) -> None:
     if not isinstance(value, str) or not value or len(value) > limit \
             or not value.isprintable():
         raise CanonicalFormError(f"must be 1 to {limit} printable characters", field=where)
+
+
+MAX_TENANT_CHARS = 128
+# Tenant names the service keeps for its own leaves (``_reports``: reports that may span
+# tenants); no key or policy may name one, or its holder would read those leaves.
+RESERVED_TENANT_PREFIX = "_"
+
+
+def check_tenant_name(value: Any, *, new_key: bool = False) -> str:
+    """A tenant, checked against the rule every leaf applies to its ``tenant`` (``text``)
+    where a key is created (``new_key``: reserved names refused too) and before a vault
+    operation, so a tenant that can hold a key can also stream, be erased and expire.
+    ``InvalidInputError`` naming ``tenant``."""
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_TENANT_CHARS \
+            or not value.isprintable():
+        raise InvalidInputError("tenant", f"must be 1 to {MAX_TENANT_CHARS} printable "
+                                "characters (letters, digits, punctuation, spaces)")
+    if new_key and value.startswith(RESERVED_TENANT_PREFIX):
+        raise InvalidInputError("tenant", f"names starting with {RESERVED_TENANT_PREFIX!r} "
+                                "are kept for the service's own leaves")
+    return value
 
 
 def engine(value: Any, where: str) -> None:

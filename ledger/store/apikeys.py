@@ -27,6 +27,7 @@ from sqlalchemy import Engine, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from ledger.errors import BackendUnavailableError, InvalidInputError
+from ledger.leaves.fields import check_tenant_name
 from ledger.store.schema import api_keys
 
 log = logging.getLogger(__name__)
@@ -127,8 +128,7 @@ class ApiKeyStore:
         if all_tenants and role != "admin":
             raise InvalidInputError("all_tenants", "only an admin key can be created for all "
                                     "tenants (an auditor key always reads every tenant)")
-        if not tenant or len(tenant) > 128:
-            raise InvalidInputError("tenant", "must be 1 to 128 characters")
+        check_tenant_name(tenant, new_key=True)
         key_id, secret = secrets.token_hex(8), secrets.token_urlsafe(32)
         now = datetime.now(UTC).replace(tzinfo=None)
         with self.engine.begin() as conn:

@@ -32,23 +32,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ledger import merkle
-from ledger.audit import (
-    ENVIRONMENT_MISMATCH,
-    RECORD_UNPARSEABLE,
-    STREAM_START_MISMATCH,
-    QuickRows,
-    compare_columns,
-    environment_reference_problem,
-    open_row,
-    stream_link_problem,
-)
+from ledger.audit import QuickRows
 from ledger.checkpoint import Checkpoint, NoteVerifier
 from ledger.cosignature import well_formed_line
 from ledger.errors import LedgerError
 from ledger.leaves.batch_layouts import BatchLayouts
 from ledger.leaves.envelope import Leaf
-from ledger.leaves.environment import ENVIRONMENT_KIND
 from ledger.leaves.stream_link import StartFacts
+from ledger.store.fsck_row import Finding, link_findings, row_findings
+from ledger.store.fsck_workers import Checked, Proven, RowWorkers
 from ledger.store.log_api import (
     AnchoredCheckpoint,
     EvidenceLog,
@@ -58,17 +50,9 @@ from ledger.store.log_api import (
     scanned,
 )
 
+__all__ = ["BATCH", "Finding", "FsckReport", "RowWorkers", "fsck"]
+
 BATCH = 5000
-
-
-@dataclass(frozen=True)
-class Finding:
-    kind: str  # one of the kinds in the module docstring
-    where: str
-    detail: str
-
-    def __str__(self) -> str:
-        return f"{self.kind} at {self.where}: {self.detail}"
 
 
 @dataclass
@@ -92,7 +76,10 @@ def fsck(
     ledger: EvidenceLog,
     verifier: NoteVerifier,
     progress: Callable[[int, int], None] | None = None,
+    workers: RowWorkers | None = None,
 ) -> FsckReport:
+    """``workers``: processes that check the rows by ranges (decision 0059), when the
+    log has more than one range; the findings are the same either way."""
     size, stored_root = ledger.tree_head()
     report = FsckReport(tree_size=size)
     stored_checkpoints = list(ledger.iter_checkpoints())
@@ -101,13 +88,9 @@ def fsck(
     roots_at: dict[int, bytes] = {}
     wanted_sizes = {c.size for c in stored_checkpoints} | {a.size for a in anchor_rows}
     compact = merkle.CompactRange()
-    rows = _raw_rows(ledger)
-    row, chunk = next(rows, (None, None))
-    environment_leaves: dict[int, Leaf] = {}  # those seen so far (rows in leaf order)
-    starts: dict[str, StartFacts] = {}  # stream starts not yet completed, by record id
-    layouts = BatchLayouts()  # opens most records by their batch's layout (same rules)
-    # Proves most rows from their raw values; every other row takes ``_check_row``.
-    quick = QuickRows(verifier.name, layouts, environment_leaves)
+    rows = _RowChecks(ledger, verifier.name, report)
+    items, judge = rows.source(size, workers)
+    item = next(items, None)
 
     for start in range(0, size, BATCH):
         end = min(start + BATCH, size)
@@ -118,21 +101,17 @@ def fsck(
             if leaf is None:
                 report.findings.append(Finding("node_missing", f"leaf {index}", "no leaf hash"))
                 leaf = bytes(32)
-            while row is not None and row[0] < index:  # rows the log does not have
-                report.findings.append(Finding("record_extra", f"leaf {row[0]}",
+            while item is not None and item[0] < index:  # rows the log does not have
+                report.findings.append(Finding("record_extra", f"leaf {item[0]}",
                                                "mirror row with no log entry"))
-                row, chunk = next(rows, (None, None))
-            if row is None or row[0] != index:
+                item = next(items, None)
+            if item is None or item[0] != index:
                 report.findings.append(Finding("record_missing", f"leaf {index}",
                                                "log entry with no mirror row"))
             else:
-                assert chunk is not None
-                proven = quick.leaf_hash(row, chunk.typed, chunk.stored_time)
-                if proven is None or proven[0] != leaf:
-                    _check_row(chunk.record_row(row), leaf, report, verifier.name,
-                               environment_leaves, starts, layouts)
+                judge(item, leaf)
                 report.records_checked += 1
-                row, chunk = next(rows, (None, None))
+                item = next(items, None)
             created.extend(node for node in compact.append(leaf) if node[0][0] > 0)
             if compact.size in wanted_sizes:
                 roots_at[compact.size] = compact.root()
@@ -147,10 +126,10 @@ def fsck(
                 ))
         if progress:
             progress(end, size)
-    while row is not None:
-        report.findings.append(Finding("record_extra", f"leaf {row[0]}",
+    while item is not None:
+        report.findings.append(Finding("record_extra", f"leaf {item[0]}",
                                        "mirror row beyond the log's size"))
-        row, chunk = next(rows, (None, None))
+        item = next(items, None)
 
     if compact.root() != stored_root:
         report.findings.append(Finding("root_mismatch", f"tree size {size}",
@@ -192,13 +171,83 @@ def fsck(
     return report
 
 
-def _raw_rows(ledger: EvidenceLog) -> Iterator[tuple[tuple[Any, ...], ScannedRows]]:
+def _raw_rows(ledger: EvidenceLog, start: int = 0, end: int | None = None
+              ) -> Iterator[tuple[int, tuple[Any, ...], ScannedRows]]:
     """Every mirror row raw, in leaf order, with the chunk that converts it."""
-    chunks = (ledger.scan_records(0, None, BATCH) if isinstance(ledger, RowScanner)
-              else scanned(ledger.iter_records(0, None, BATCH), BATCH))
+    chunks = (ledger.scan_records(start, end, BATCH) if isinstance(ledger, RowScanner)
+              else scanned(ledger.iter_records(start, end, BATCH), BATCH))
     for chunk in chunks:
         for raw in chunk.rows:
-            yield raw, chunk
+            yield raw[0], raw, chunk
+
+
+class _RowChecks:
+    """The rows' checks in leaf order, and what they keep for the rows after them."""
+
+    def __init__(self, ledger: EvidenceLog, origin: str, report: FsckReport) -> None:
+        self.ledger, self.origin, self.report = ledger, origin, report
+        self.environment_leaves: dict[int, Leaf] = {}  # those seen so far
+        self.starts: dict[str, StartFacts] = {}  # stream starts not yet completed
+        self.layouts = BatchLayouts()  # opens most records by their batch's layout
+        # Proves most rows from their raw values; every other row takes ``check``.
+        self.quick = QuickRows(origin, self.layouts, self.environment_leaves)
+
+    def source(self, size: int, workers: RowWorkers | None
+               ) -> tuple[Iterator[Any], Callable[[Any, bytes], None]]:
+        """The rows in leaf order (each item's first value its leaf index), and how one
+        is judged against its stored leaf: read here, or the workers' verdicts."""
+        if workers is not None and workers.used(size):
+            return workers.verdicts(self.origin, size), self.judge_verdict
+        return _raw_rows(self.ledger), self.judge_raw
+
+    def judge_raw(self, item: tuple[int, tuple[Any, ...], ScannedRows], leaf: bytes) -> None:
+        """A row read here (``_raw_rows``)."""
+        _, raw, chunk = item
+        proven = self.quick.leaf_hash(raw, chunk.typed, chunk.stored_time)
+        if proven is None or proven[0] != leaf:
+            self.check(chunk.record_row(raw), leaf)
+
+    def judge_verdict(self, item: Proven | Checked, leaf: bytes) -> None:
+        """A worker's verdict on a row (``RowWorkers``): what ``judge_raw`` would find."""
+        if isinstance(item, Proven):
+            if item.leaf_hash != leaf or not self.quick.environment_passes(item.environment):
+                self.repeat(item.leaf_index, leaf)
+        elif item.findings is None:
+            self.repeat(item.leaf_index, leaf)
+        elif item.leaf_hash != leaf:
+            self.report.findings.append(_altered(item.leaf_index, item.record_id))
+        else:
+            self.report.findings.extend(item.findings)
+            if item.leaf is not None:
+                where = f"leaf {item.leaf_index} (record {item.record_id})"
+                self.report.findings.extend(link_findings(
+                    item.leaf, item.leaf_index, where, self.environment_leaves, self.starts))
+
+    def repeat(self, index: int, leaf: bytes) -> None:
+        """The full path for a row a worker left to this process, read as a scan reads
+        it (``record_at`` joins other tables)."""
+        for _, raw, chunk in _raw_rows(self.ledger, index, index + 1):
+            self.check(chunk.record_row(raw), leaf)
+            return
+        self.report.findings.append(Finding("record_missing", f"leaf {index}",
+                                            "log entry with no mirror row"))  # deleted since
+
+    def check(self, row: RecordRow, leaf: bytes) -> None:
+        """The full path: every check of the row, worded."""
+        if merkle.hash_leaf(row.canonical) != leaf:
+            self.report.findings.append(_altered(row.leaf_index, row.record_id))
+            return
+        where = f"leaf {row.leaf_index} (record {row.record_id})"
+        findings, opened = row_findings(row, where, self.origin, self.layouts)
+        self.report.findings.extend(findings)
+        if opened is not None:
+            self.report.findings.extend(link_findings(
+                opened, row.leaf_index, where, self.environment_leaves, self.starts))
+
+
+def _altered(index: int, record_id: str) -> Finding:
+    return Finding("record_altered", f"leaf {index} (record {record_id})",
+                   "canonical bytes do not hash to the log's leaf")
 
 
 def _check_cosignatures(ledger: EvidenceLog, known_checkpoints: set[int],
@@ -253,37 +302,3 @@ def _check_anchors(anchor_rows: list[AnchoredCheckpoint], verifier: NoteVerifier
                 "anchor_root_mismatch", where,
                 f"anchored root {body.root.hex()}, recomputed "
                 f"{roots_at.get(anchor.size, merkle.EMPTY_ROOT).hex()}"))
-
-
-def _check_row(row: RecordRow, leaf: bytes, report: FsckReport, origin: str,
-               environment_leaves: dict[int, Leaf], starts: dict[str, StartFacts],
-               layouts: BatchLayouts) -> None:
-    where = f"leaf {row.leaf_index} (record {row.record_id})"
-    if merkle.hash_leaf(row.canonical) != leaf:
-        report.findings.append(Finding("record_altered", where,
-                                       "canonical bytes do not hash to the log's leaf"))
-        return
-    body = row.body  # inflated once: the leaf is opened once for every check below
-    try:
-        opened = open_row(row.canonical, body, origin, strict=True, layouts=layouts)
-    except LedgerError as exc:
-        report.findings.append(Finding(RECORD_UNPARSEABLE, where,
-                                       f"stored bytes are not a record: {exc}"))
-        return
-    stored = dict(row.columns, record_id=row.record_id, tenant=row.tenant,
-                  created_at=row.created_at, environment_index=row.environment_index)
-    findings = compare_columns(row.leaf_index, row.record_id, opened, stored)
-    for found in findings:
-        report.findings.append(Finding(found.kind, where,
-                                       found.message.removeprefix(f"{where}: ")))
-    if findings or not isinstance(opened, Leaf):
-        return  # a v1 record names no environment; a bad row is reported already
-    if opened.kind == ENVIRONMENT_KIND:
-        environment_leaves[row.leaf_index] = opened
-        return
-    problem = environment_reference_problem(opened, environment_leaves)
-    if problem is not None:
-        report.findings.append(Finding(ENVIRONMENT_MISMATCH, where, problem))
-    problem = stream_link_problem(opened, row.leaf_index, starts)
-    if problem is not None:
-        report.findings.append(Finding(STREAM_START_MISMATCH, where, problem))

@@ -16,10 +16,16 @@ erasure replaces the answers naming erased records with a 410 problem and destro
 KEK, so no copy of the old answer (a WAL frame, a backup) opens again; an answer stored
 while an erasure runs is ordered by the tenant lock and stored as that 410 if its record
 was erased meanwhile.
+
+The ``fingerprint`` column holds no digest of the request: only an HMAC of it under a key
+derived from the tenant's subject key (decision 0062), so a database reader cannot test
+guesses of an erased prompt against it. An erasure sets it to NULL, and a receipt
+without one answers its stored answer (the 410) whatever the body: no oracle remains.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,14 +39,22 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from ledger.errors import LedgerError
 from ledger.store.schema import receipts, vault_content
 from ledger.store.tenant_lock import lock_tenant
-from ledger.vault_crypto import KeyEncryptionKeys, open_receipt, seal_receipt
+from ledger.vault_crypto import (
+    KeyEncryptionKeys,
+    open_receipt,
+    receipt_fingerprint,
+    seal_receipt,
+)
 
 RECORD_ID_KEYS = ("record_id", "stream_start_record_id", "x-audit-record-id")
+# Without a key store (tests, tools) there is no secret: nothing in the table is
+# protected then (answers are stored in the clear too). The service always has one.
+NO_KEY_STORE_KEY = b""
 
 
 @dataclass(frozen=True)
 class StoredReceipt:
-    fingerprint: bytes
+    fingerprint: bytes | None  # the request's MAC; None once erased (or from before 0014)
     state: str  # "pending" or "done"
     response: dict[str, Any] | None
     created_at: datetime
@@ -111,8 +125,8 @@ class ReceiptStore:
         died before answering), is taken over: it then belongs to ``owner``.
         """
         now = _now()
-        values = {"fingerprint": fingerprint, "state": "pending", "response": None,
-                  "response_ct": None, "wrapped_key": None, "kek_id": None,
+        values = {"fingerprint": self._mark(tenant, key, fingerprint), "state": "pending",
+                  "response": None, "response_ct": None, "wrapped_key": None, "kek_id": None,
                   "record_ids": None, "created_at": now, "expires_at": now + self.ttl,
                   "owner": owner}
         try:
@@ -148,8 +162,27 @@ class ReceiptStore:
                 receipts.c.tenant == tenant, receipts.c.idempotency_key == key)).first()
         if row is None:
             return None
-        return StoredReceipt(bytes(row.fingerprint), row.state, self._answer(row),
-                             row.created_at, row.owner)
+        return StoredReceipt(None if row.fingerprint is None else bytes(row.fingerprint),
+                             row.state, self._answer(row), row.created_at, row.owner)
+
+    def _subject_keys(self, tenant: str) -> list[bytes]:
+        return [NO_KEY_STORE_KEY] if self.keks is None else self.keks.subject_keys(tenant)
+
+    def _mark(self, tenant: str, key: str, fingerprint: bytes) -> bytes:
+        """The stored form of a request's fingerprint: its MAC under the current key."""
+        return receipt_fingerprint(self._subject_keys(tenant)[0], tenant, key, fingerprint)
+
+    def same_request(self, tenant: str, key: str, held: StoredReceipt,
+                     fingerprint: bytes) -> bool:
+        """Whether a retry's ``fingerprint`` is the one ``held`` was claimed with. A row
+        without one (erased, or from before migration 0014) matches any body: its answer
+        stands, and no body is told apart from another."""
+        if held.fingerprint is None:
+            return True
+        # Every subject key the tenant still has: a claim may predate a rotation.
+        return any(hmac.compare_digest(held.fingerprint, receipt_fingerprint(
+            subject_key, tenant, key, fingerprint)) for subject_key in
+            self._subject_keys(tenant))
 
     def _answer(self, row: Any) -> dict[str, Any] | None:
         if row.response_ct is not None and self.keks is not None:

@@ -205,7 +205,8 @@ receipts = Table(
     metadata,
     Column("tenant", String(128), nullable=False),
     Column("idempotency_key", String(255), nullable=False),
-    Column("fingerprint", LargeBinary(32), nullable=False),  # SHA-256 of route and body
+    # HMAC of the route and body under a key-store key; NULL once erased (decision 0062).
+    Column("fingerprint", LargeBinary(32), nullable=True),
     Column("state", String(8), nullable=False),  # "pending" or "done"
     # Legacy plaintext answer (before migration 0011); new answers go to response_ct.
     Column("response", Text, nullable=True),

@@ -40,6 +40,7 @@ from ledger.content_records import check_legal_basis
 from ledger.errors import InvalidInputError
 from ledger.leaves.content_leaves import build_access, build_erasure, erasure_parts
 from ledger.leaves.envelope import Leaf
+from ledger.leaves.fields import check_tenant_name
 from ledger.record import new_record_id, utc_timestamp
 from ledger.store.log_origin import stored_origin
 from ledger.store.receipts import erased_answer, names_any
@@ -661,12 +662,13 @@ class ContentVault:
                         erased_at=erased_at, erasure_record_id=erasure_record_id))
             # Idempotency-Key answers naming these records (stored before or while this
             # erasure ran) become 410s: the key stays bound to its record, nothing replays.
+            # Their fingerprints go too: a 410 to any body tells no body apart (0062).
             for record_id in record_ids:
                 conn.execute(update(receipts).where(
                     receipts.c.tenant == tenant, names_any([record_id]))
                     .values(state="done", response=json.dumps(erased_answer(
                         record_id, erased_at, erasure_record_id)),
-                        response_ct=None, wrapped_key=None, kek_id=None))
+                        response_ct=None, wrapped_key=None, kek_id=None, fingerprint=None))
         return self._rekey(conn, tenant, kek_ids)
 
     def _rekey(self, conn: Connection, tenant: str, kek_ids: set[str],
@@ -765,6 +767,10 @@ class ContentVault:
                 conn.execute(update(vault_content)
                              .where(vault_content.c.record_id == bindparam("rid"))
                              .values(subject_hash=bindparam("hash")), rehashed)
+            # Receipt fingerprints are MACs under the old key, which is destroyed below:
+            # they go, and those keys answer their stored answers to any body (0062).
+            conn.execute(update(receipts).where(receipts.c.tenant == tenant)
+                         .values(fingerprint=None))
         legacy = len(rows) - len(rehashed)
         if not legacy:
             self.keks.retire_subject_keys(tenant)
@@ -778,8 +784,7 @@ def _secure_delete(dbapi_connection: Any, _record: Any) -> None:
 
 
 def _check_tenant(tenant: str) -> None:
-    if not isinstance(tenant, str) or not 1 <= len(tenant) <= 128:
-        raise InvalidInputError("tenant", "must be 1 to 128 characters")
+    check_tenant_name(tenant)
 
 
 def check_subject(subject: Any) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import insert
 
 from ledger.anchor.local import LocalAnchor
 from ledger.checkpoint import NoteSigner
@@ -27,6 +28,7 @@ from ledger.publish.publisher import publish
 from ledger.record import build_record
 from ledger.store.keyring import FileKeyring
 from ledger.store.receipts import ReceiptStore
+from ledger.store.schema import retention_policies
 from ledger.store.sql import SqlLedger
 from ledger.store.vault import ContentVault, RetainItem
 from ledger.tiles import CHECKPOINT_PATH, MAX_ENTRY_BYTES
@@ -164,12 +166,20 @@ def test_erasing_a_heavy_subject_is_logged_in_leaves_its_tiles_can_publish(
     _publish_verify_audit_fsck(log, tmp_path, capsys, erasure.erasure_record_ids)
 
 
+def _legacy_tenant(log: Log) -> str:
+    """A tenant whose content was kept before tenant names followed the leaf rule
+    (decision 0063): its policy row is as an older release wrote it. Its erasure leaf
+    is refused (CanonicalFormError), before anything is logged."""
+    refused = "Acme\u00a0Bank"  # a no-break space: not printable
+    with log.vault.engine.begin() as conn:
+        conn.execute(insert(retention_policies).values(
+            tenant=refused, mode="content", days=183, updated_at=datetime(2026, 1, 1)))
+    return refused
+
+
 def test_a_tenant_whose_expiry_fails_does_not_stop_the_others(
         log: Log, caplog: pytest.LogCaptureFixture) -> None:
-    # A tenant name v1 records accepted and an erasure leaf refuses (not printable):
-    # its erasure fails with CanonicalFormError, before anything is logged.
-    refused = "Acme\u00a0Bank"
-    log.vault.set_policy(refused, "content", 183)
+    refused = _legacy_tenant(log)
     stuck, due = log.keep(refused, 2), log.keep("bank-b", 2)
     size = log.ledger.tree_head()[0]
     with caplog.at_level(logging.ERROR, logger="audit_ledger.vault"):
@@ -189,8 +199,7 @@ def test_a_tenant_whose_expiry_fails_does_not_stop_the_others(
 
 def test_the_expire_command_names_a_failed_tenant_and_exits_1(
         log: Log, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    refused = "Acme\u00a0Bank"
-    log.vault.set_policy(refused, "content", 183)
+    refused = _legacy_tenant(log)
     log.keep(refused, 1)
     due = log.keep("bank-b", 1)
     code, out = cli_json(capsys, "retention", "--db", log.url, "--keyring",

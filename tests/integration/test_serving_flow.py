@@ -392,5 +392,6 @@ def test_expired_receipts_are_purged(settings: Settings) -> None:
     assert held is not None and held.state == "pending"
     # The same key again, other body: the holder is returned to the caller to compare.
     again = kept.claim("bank-a", "k1", b"z" * 32, stale_after_s=600, owner="c")
-    assert again is not None and again.fingerprint == b"x" * 32
+    assert again is not None and kept.same_request("bank-a", "k1", again, b"x" * 32)
+    assert not kept.same_request("bank-a", "k1", again, b"z" * 32)
     engine.dispose()

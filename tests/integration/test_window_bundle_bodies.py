@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ledger.checkpoint import Checkpoint, NoteSigner
 from ledger.cosignature import Cosigner
+from ledger.error_map import EXIT_CHECK_FAILED
 from ledger.leaves.envelope import Leaf
 from ledger.store.sql import SqlLedger
 from tests.cli_runs import cli_text
@@ -269,3 +270,41 @@ def test_export_window_leaves_filters_other_than_the_tenant_to_verify(
     assert code == 2 and "--model-digest: a window bundle holds every leaf of the window: " \
                          "give this filter to verify" in err, err
     assert not (tmp_path / "w.json").exists()
+
+
+def test_verify_names_the_window_a_bundle_proves_and_refuses_another_asked_for(
+        served: tuple[str, dict[str, str]], keys: Any, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A bundle of another window than the auditor's proves nothing about the auditor's:
+    verify says which window it proved, and with --since/--until fails unless the bundle's
+    window holds the one asked for."""
+    base, tokens = served
+    bundle = tmp_path / "window.json"
+    _export(capsys, base, tokens["auditor"], bundle, keys)
+    edges = f"[{SINCE.isoformat()}Z, {UNTIL.isoformat()}Z)"
+    code, out, err = _verify(capsys, bundle, keys)
+    assert code == 0, err
+    assert f"window proved: {edges}" in out.splitlines()
+    code, out, err = _verify(capsys, bundle, keys, "--json")
+    assert code == 0, err
+    answer = json.loads(out)
+    assert (answer["since"], answer["until"]) == tuple(edges[1:-1].split(", "))
+    inside = ["--since", (SINCE + timedelta(seconds=60)).isoformat(),
+              "--until", (UNTIL - timedelta(seconds=60)).isoformat()]
+    code, out, err = _verify(capsys, bundle, keys, *inside)
+    assert code == 0, err
+    for asked, message in (
+            (["--since", (SINCE - timedelta(hours=8)).isoformat()], "after the --since"),
+            (["--until", (UNTIL + timedelta(hours=8)).isoformat()], "before the --until")):
+        code, out, err = _verify(capsys, bundle, keys, *asked)
+        assert code == EXIT_CHECK_FAILED, (asked, out)
+        assert message in err + out, (asked, err, out)
+
+
+def test_verify_of_a_record_refuses_a_window(keys: Any, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = cli_text(capsys, "verify", "0193a1b2-c3d4-7e5f-8a6b-000000000001",
+                              "--db", f"sqlite:///{tmp_path / 'none.db'}", "--no-state",
+                              "--since", SINCE.isoformat(), *_trust(keys))
+    assert code != 0 and "--since" in err and "window bundle" in err, (out, err)
+    assert not (tmp_path / "none.db").exists()

@@ -1,0 +1,170 @@
+"""An erased prompt is not recoverable from the receipts table, and an erased key is no
+oracle (decision 0062).
+
+The attack: a client sends "my PIN is 7236" with an Idempotency-Key; the content is
+erased by subject. Whoever holds the database (a dump, a backup) but not the key store
+tries the 10,000 PINs against what the receipt row stores; a client retrying the key
+with guessed bodies watches for a 410 instead of a 422.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import make_mocked_request
+from sqlalchemy import create_engine, insert, select, text
+
+from inference_wrapper.server.idempotency import HEADER, Idempotency, fingerprint
+from inference_wrapper.server.problems import CommittedProblem, Problem
+from ledger.digest import commit_text, new_salt
+from ledger.record import build_record
+from ledger.store.keyring import FileKeyring
+from ledger.store.migrate import upgrade
+from ledger.store.receipts import ReceiptStore
+from ledger.store.schema import receipts
+from ledger.store.sql import SqlLedger
+from ledger.store.vault import ContentVault, RetainItem
+from tests.integration.conftest import ORIGIN
+
+ROUTE = "/v1/completions"
+# Old enough that no legal basis is needed (outside the 183-day minimum retention).
+CREATED = (datetime.now(UTC) - timedelta(days=200)).isoformat(timespec="milliseconds"
+                                                              ).replace("+00:00", "Z")
+
+
+@dataclass
+class Setting:
+    ledger: SqlLedger
+    vault: ContentVault
+    store: ReceiptStore
+
+    def keep(self, key: str, prompt: str, subject: str) -> str:
+        """A generate answered under ``key``, its content retained for ``subject``, as
+        the service stores both; returns its record id."""
+        output, input_salt, output_salt = "ok", new_salt(), new_salt()
+        record = build_record(
+            tenant="bank-a", model={"name": "tiny"}, hardware={}, software={},
+            data={"input_commitment": commit_text(input_salt, prompt),
+                  "output_commitment": commit_text(output_salt, output)},
+            timings_ms={"forward": 1.0}, created_at=CREATED)
+        receipt = self.ledger.append(record)
+        self.vault.retain([RetainItem(record.record_id, receipt.leaf_hash, "bank-a",
+                                      record.created_at, prompt, output, input_salt,
+                                      output_salt, subject)])
+        mark = fingerprint(ROUTE, {"model": "tiny", "prompt": prompt})
+        assert self.store.claim("bank-a", key, mark, 600.0, "owner") is None
+        assert self.store.complete("bank-a", key, "owner", {
+            "body": {"record_id": record.record_id, "output": output,
+                     "input_salt": input_salt.hex()},
+            "headers": {"X-Audit-Record-Id": record.record_id}})
+        return record.record_id
+
+    def stored_fingerprint(self, key: str) -> bytes | None:
+        with self.ledger.engine.connect() as conn:
+            value = conn.execute(select(receipts.c.fingerprint).where(
+                receipts.c.idempotency_key == key)).scalar_one()
+        return None if value is None else bytes(value)
+
+
+@pytest.fixture()
+def setting(ledger_url: str, tmp_path: Path) -> Iterator[Setting]:
+    ledger = SqlLedger(ledger_url).start()
+    vault = ContentVault(ledger_url, FileKeyring(tmp_path / "home" / "vault.keyring"),
+                         policy_cache_s=0.0, origin=ORIGIN)
+    vault.set_policy("bank-a", "content", 183)
+    yield Setting(ledger, vault, ReceiptStore(ledger.engine, keks=vault.keks))
+    vault.close()
+    ledger.close()
+
+
+def _guess_pin(stored: list[bytes | None]) -> str | None:
+    """The reviewer's attack: every 4-digit PIN against every stored value."""
+    held = {value for value in stored if value is not None}
+    for pin in range(10_000):
+        prompt = f"my PIN is {pin:04d}"
+        if fingerprint(ROUTE, {"model": "tiny", "prompt": prompt}) in held:
+            return prompt
+    return None
+
+
+def test_erased_pin_is_not_guessable_from_the_receipts_table(setting: Setting) -> None:
+    setting.keep("k1", "my PIN is 7236", subject="alice")
+    live = setting.stored_fingerprint("k1")
+    setting.vault.erase(setting.ledger, "bank-a", subject="alice", requested_by="cli:dpo")
+    erased = setting.stored_fingerprint("k1")
+    # Neither the live row (a backup taken before the erasure) nor the erased one holds
+    # anything the 10,000 guesses can be tested against without the key store.
+    assert _guess_pin([live, erased]) is None
+    assert live is not None and len(live) == 32
+    assert erased is None
+
+
+def _answer(idempotency: Idempotency, key: str, body: dict[str, Any]) -> Any:
+    request = make_mocked_request("POST", ROUTE, headers={HEADER: key})
+
+    async def work() -> tuple[dict[str, Any], dict[str, str]]:
+        raise AssertionError("a retry of a kept key must not generate")
+
+    return asyncio.run(idempotency.answer(request, "bank-a", key, body, work))
+
+
+def test_erased_key_answers_410_to_the_right_and_a_wrong_body_alike(
+        setting: Setting) -> None:
+    record_id = setting.keep("k1", "my PIN is 7236", subject="alice")
+    setting.vault.erase(setting.ledger, "bank-a", subject="alice", requested_by="cli:dpo")
+    idempotency = Idempotency(setting.store, timeout_s=5)
+    for prompt in ("my PIN is 7236", "my PIN is 0000"):
+        with pytest.raises(CommittedProblem) as gone:
+            _answer(idempotency, "k1", {"model": "tiny", "prompt": prompt})
+        assert (gone.value.status, gone.value.code, gone.value.record_id) == (
+            410, "content_erased", record_id)
+
+
+def test_a_live_key_replays_its_body_and_refuses_another_with_422(
+        setting: Setting) -> None:
+    record_id = setting.keep("k1", "my PIN is 7236", subject="alice")
+    idempotency = Idempotency(setting.store, timeout_s=5)
+    again = _answer(idempotency, "k1", {"prompt": "my PIN is 7236", "model": "tiny"})
+    assert again.status == 200 and again.headers["X-Audit-Record-Id"] == record_id
+    with pytest.raises(Problem) as refused:
+        _answer(idempotency, "k1", {"model": "tiny", "prompt": "my PIN is 0000"})
+    assert (refused.value.status, refused.value.field) == (422, HEADER)
+    assert "different request body" in refused.value.detail
+    # The same body under another key, or another tenant, stores another MAC: a reader
+    # of the table cannot even tell that two requests were the same.
+    setting.keep("k2", "my PIN is 7236", subject="bob")
+    assert setting.stored_fingerprint("k1") != setting.stored_fingerprint("k2")
+
+
+def test_a_subject_key_rotation_keeps_retries_answered(setting: Setting) -> None:
+    record_id = setting.keep("k1", "my PIN is 7236", subject="alice")
+    setting.vault.rotate_subject_key("bank-a")  # the fingerprint's key is destroyed
+    assert setting.stored_fingerprint("k1") is None
+    again = _answer(Idempotency(setting.store, timeout_s=5), "k1",
+                    {"model": "tiny", "prompt": "my PIN is 7236"})
+    assert again.status == 200 and again.headers["X-Audit-Record-Id"] == record_id
+
+
+def test_migration_removes_every_unkeyed_fingerprint(empty_url: str) -> None:
+    """Rows written before 0014 hold a plain SHA-256 of route and body: erased and live
+    ones alike lose it (they cannot be re-keyed without their bodies)."""
+    upgrade(empty_url, "0013")
+    engine = create_engine(empty_url)
+    now = datetime.now(UTC).replace(tzinfo=None)
+    with engine.begin() as conn:
+        for key, state in (("erased", "done"), ("live", "done"), ("running", "pending")):
+            conn.execute(insert(receipts).values(
+                tenant="bank-a", idempotency_key=key, state=state, response=None,
+                fingerprint=fingerprint(ROUTE, {"model": "tiny", "prompt": "my PIN is 7236"}),
+                created_at=now, expires_at=now + timedelta(hours=1), owner="o"))
+    upgrade(empty_url)
+    with engine.connect() as conn:
+        left = conn.execute(text("SELECT idempotency_key, fingerprint FROM receipts")).all()
+    engine.dispose()
+    assert sorted(left) == [("erased", None), ("live", None), ("running", None)]

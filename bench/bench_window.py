@@ -3,7 +3,10 @@
     PYTHONPATH=$PWD .venv/bin/python bench/bench_window.py [--records 1000000]
 
 Builds a SQLite log of v1 audit records (one every 50 ms, three tenants, commitments that
-are SHA-256 digests as the service writes them), seals one
+are SHA-256 digests as the service writes them), or with ``--format v2`` the records the
+service writes now (the tiny model's ``environment/v1`` leaf, then ``audit-record/v2``
+leaves sealed by the serving code in batches of 32 and appended by the real writer; their
+times are the build's own, so the window steps fit only v1), seals one
 checkpoint and has a witness cosign it, publishes it as tiles to a directory, serves that
 directory with a static HTTP server (a child process), then measures, each with the
 product's own commands:
@@ -25,6 +28,7 @@ import os
 import re
 import socket
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -136,6 +140,59 @@ def build(url: str, count: int, signer: NoteSigner, witness: Cosigner) -> bytes:
                                                   1_790_000_000)])
 
 
+def build_v2(url: str, count: int, signer: NoteSigner, witness: Cosigner) -> bytes:
+    """The log as the service writes it: one environment leaf, then sealed v2 records
+    (8 generated batches of 32, sealed again and again with fresh ids), appended in
+    groups of 4096 by ``SqlLedger``; one checkpoint, cosigned."""
+    import asyncio
+
+    import torch
+
+    from inference_wrapper.audit.generator import AuditedGenerator, AuditedOutput, LogBinding
+    from inference_wrapper.engine.model import load_model
+    from inference_wrapper.engine.params import GenerationParams
+    from inference_wrapper.engine.tiny import build_tiny_model
+    from ledger.leaves.envelope import Leaf
+    from ledger.leaves.record_v2 import EnvironmentRef
+    from ledger.record import AuditRecord
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp, \
+            SqlLedger(url, sqlite_synchronous="NORMAL") as ledger:
+        manifest = build_tiny_model(Path(tmp) / "tiny")
+        generator = AuditedGenerator(load_model(Path(tmp) / "tiny", manifest=manifest))
+        params = GenerationParams(max_new_tokens=16)
+        results = [generator.run_batch([
+            generator.prepare(f"Summarise exposure {b}.{i}", params, f"bank-{i % 3}")
+            for i in range(32)]) for b in range(8)]
+        ledger.create_log_meta(ORIGIN, signer.verifier().encode())
+        environment = generator.environment_leaf()
+        receipt = ledger.append(environment)
+        log = LogBinding(ORIGIN)
+        log.bind(generator.environment(),
+                 EnvironmentRef(receipt.leaf_index, environment.leaf_hash))
+
+        async def fill() -> None:
+            written, turn = 1, 0
+            while written < count:
+                leaves: list[AuditRecord | Leaf] = []
+                while len(leaves) < min(4096, count - written):
+                    sealed = generator.seal(results[turn % 8], log)
+                    assert all(isinstance(o, AuditedOutput) for o in sealed)
+                    leaves.extend(o.record for o in sealed if isinstance(o, AuditedOutput))
+                    turn += 1
+                outcomes = await ledger.append_many_async(leaves[:count - written])
+                assert not [o for o in outcomes if isinstance(o, BaseException)]
+                written += len(outcomes)
+
+        asyncio.run(fill())
+        sealed = ledger.seal_checkpoint(signer, ORIGIN)
+        assert sealed is not None and sealed.size == count
+        note = sealed.note
+    return add_cosignatures(note, [witness.cosign(Checkpoint.peek(note).body(),
+                                                  1_790_000_000)])
+
+
 def read_all_bundles(prefix: str, size: int) -> tuple[int, float]:
     """Every entry bundle over HTTP with 8 threads, through the readers' client
     (``HttpTiles``: a kept-alive connection per thread): (entries, seconds)."""
@@ -155,11 +212,12 @@ def read_all_bundles(prefix: str, size: int) -> tuple[int, float]:
     return total, time.perf_counter() - started
 
 
-def run_cli(args: list[str], env: dict[str, str], log: Path) -> tuple[float, str]:
+def run_cli(args: list[str], env: dict[str, str], log: Path, cwd: Path | None = None
+            ) -> tuple[float, str]:
     started = time.perf_counter()
     with open(log, "w") as out:
         code = subprocess.call([sys.executable, "-m", "audit_cli.main", *args], env=env,
-                               stdout=out, stderr=subprocess.STDOUT)
+                               stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
     elapsed = time.perf_counter() - started
     text = log.read_text()
     if code != 0:
@@ -205,6 +263,39 @@ def serve_until_answering(tmp: Path, url: str, env: dict[str, str]) -> tuple[flo
         log.close()
 
 
+def compare_restores(other: Path, rounds: int, tmp: Path, trust: list[str],
+                     env: dict[str, str]) -> None:
+    """``audit-ledger restore`` of the log with OTHER's code and this tree's, alternately
+    (the order flips each round), each a fresh process: wall and CPU (user + system)."""
+    import resource
+
+    trees = {"other": other.resolve(), "this": Path(__file__).resolve().parents[1]}
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
+    for turn in range(rounds):
+        for name in (("other", "this") if turn % 2 == 0 else ("this", "other")):
+            target = tmp / f"compare-{name}.db"
+            target.unlink(missing_ok=True)
+            load = os.getloadavg()[0]
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            wall, _ = run_cli(["restore", "--from", str(tmp / "tlog"), "--db",
+                               f"sqlite:///{target}", *trust],
+                              dict(env, PYTHONPATH=str(trees[name])), tmp / "restore.log",
+                              cwd=trees[name])
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            runs[name].append((wall, cpu))
+            target.unlink(missing_ok=True)
+            print(f"   {name} round {turn + 1}: wall {wall:.1f} s, CPU {cpu:.1f} s "
+                  f"(load {load:.1f})")
+    (old_wall, old_cpu), (new_wall, new_cpu) = (
+        (statistics.median(w for w, _ in runs[n]), statistics.median(c for _, c in runs[n]))
+        for n in ("other", "this"))
+    print(f"3. restore, medians of {rounds}: other wall {old_wall:.1f} s CPU {old_cpu:.1f} s; "
+          f"this wall {new_wall:.1f} s CPU {new_cpu:.1f} s; other/this wall "
+          f"{old_wall / new_wall:.2f}, CPU {old_cpu / new_cpu:.2f}; "
+          f"load now {os.getloadavg()[0]:.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -212,6 +303,12 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, help="work here instead of a temporary folder")
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it: a log "
                         "and tiles built there by an earlier run are reused (same --records)")
+    parser.add_argument("--format", choices=("v1", "v2"), default="v1",
+                        help="the records built: v1, or v2 as the service writes them now")
+    parser.add_argument("--against", type=Path, metavar="OTHER_CHECKOUT",
+                        help="restore only: run this tree's and OTHER_CHECKOUT's restore "
+                        "alternately on the same log (--rounds each) and print medians")
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", default="tiles,query,restore",
                         help="which measurements to run (comma-separated)")
     args = parser.parse_args()
@@ -255,9 +352,9 @@ def main() -> None:
             (tmp / "log.db").unlink(missing_ok=True)
             upgrade(url)
             started = time.perf_counter()
-            note = build(url, count, signer, witness)
-            print(f"built a log of {count:,} v1 records in {time.perf_counter() - started:.1f}"
-                  " s (setup, not measured against a target)")
+            note = (build_v2 if args.format == "v2" else build)(url, count, signer, witness)
+            print(f"built a log of {count:,} {args.format} records in "
+                  f"{time.perf_counter() - started:.1f} s (setup, not measured against a target)")
 
             ledger = SqlLedger(url)
             started = time.perf_counter()
@@ -304,6 +401,9 @@ def main() -> None:
                 server.wait(30)
 
         if "restore" not in steps:
+            return
+        if args.against:
+            compare_restores(args.against, args.rounds, tmp, trust, env)
             return
         (tmp / "restored.db").unlink(missing_ok=True)
         restored = f"sqlite:///{tmp / 'restored.db'}"

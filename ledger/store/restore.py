@@ -28,6 +28,7 @@ from ledger.audit import open_row
 from ledger.checkpoint import Checkpoint, NoteVerifier, SignedNote
 from ledger.cosignature import WitnessKey, valid_cosigners
 from ledger.errors import InvalidInputError, LedgerError, RootMismatchError, VerificationError
+from ledger.leaves.batch_layouts import BatchLayouts
 from ledger.leaves.body_codec import pack_body
 from ledger.leaves.envelope import TIMESTAMP, Leaf
 from ledger.leaves.mirror import environment_row, leaf_columns
@@ -237,10 +238,13 @@ def _mirror_rows(start: int, entries: list[bytes], bodies: list[bytes | None], s
                  origin: str) -> Rows:
     records_out: list[tuple[object, ...]] = []
     environment_rows: list[dict[str, Any]] = []
+    # A batch's v2 records are proven by its layout once one of them passed every rule
+    # (decision 0053): no re-encoding; any other leaf takes the full path (decision 0060).
+    layouts = BatchLayouts()
     for offset, (entry, body) in enumerate(zip(entries, bodies, strict=True)):
         index = start + offset
         try:
-            opened = open_row(entry, body, origin)
+            opened = open_row(entry, body, origin, layouts=layouts)
         except LedgerError as exc:
             raise RestoreError(f"leaf {index} is not a record this restore can mirror: "
                                f"{exc}") from exc

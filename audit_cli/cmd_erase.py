@@ -5,9 +5,9 @@
   ... --legal-basis "GDPR Art. 17(1)(d), ticket 8812"   (records inside the minimum
       retention: required, and recorded in the erasure leaf; decision 39)
 
-Appends an erasure-record/v1 leaf, then destroys the records' data keys. Every proof
-still verifies; the content can never be read again. A legal hold refuses (exit 1,
-naming the hold).
+Appends erasure-record/v2 leaves (several for a large erasure), then destroys the
+records' data keys. Every proof still verifies; the content can never be read again.
+A legal hold refuses (exit 1, naming the hold).
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"erased {len(erasure.records)} records of tenant {erasure.tenant} under "
               f"erasure record {erasure.erasure_record_id} (leaf {erasure.leaf_index})")
+        for record_id, index in list(zip(erasure.erasure_record_ids,
+                                         erasure.leaf_indexes, strict=True))[1:]:
+            print(f"  and erasure record {record_id} (leaf {index})")
         for record_id in erasure.records:
             print(f"  {record_id}")
     return 0

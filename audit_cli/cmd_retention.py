@@ -132,17 +132,25 @@ def run(args: argparse.Namespace) -> int:
             _show(args, hold.to_dict(), f"released legal hold {hold.hold_id} on {hold.scope}")
         elif args.action == "expire":
             erasures, held = vault.expire(journal, now=_now(args.now))
+            failed = vault.expiry_failures
             if args.json:
                 print_json({"erasures": [e.to_dict() for e in erasures],
-                            "held_by": [h.to_dict() for h in held]})
+                            "held_by": [h.to_dict() for h in held],
+                            "failed": [{"tenant": t, "error": c} for t, c in failed.items()]})
             else:
                 for e in erasures:
                     print(f"tenant {e.tenant}: erased {len(e.records)} expired records "
-                          f"(erasure record {e.erasure_record_id}, leaf {e.leaf_index})")
+                          f"(erasure record {e.erasure_record_id}, leaf {e.leaf_index}"
+                          + (f", and {len(e.leaf_indexes) - 1} more leaves)"
+                             if len(e.leaf_indexes) > 1 else ")"))
                 for h in held:
                     print(f"kept past expiry by legal hold {h.hold_id} on {h.scope}")
-                if not erasures and not held:
+                for tenant, error in failed.items():
+                    print(f"tenant {tenant}: expiry failed ({error}); left for the next run")
+                if not erasures and not held and not failed:
                     print("nothing has expired")
+            if failed:  # the run was not whole: a check that did not hold (exit 1)
+                return 1
         elif args.action == "report":
             _report(args, vault, journal)
         else:

@@ -141,6 +141,19 @@ class BackendConfigurationError(BackendError):
         return f"{type(self).__name__}: {self}{tail}"
 
 
+class LeafTooLargeError(InvalidInputError):
+    """A leaf whose ``part`` (``entry``: the bytes the tree hashes; ``body``: a v2 body)
+    has ``size`` bytes, more than the ``limit`` a tile bundle entry can hold. Refused
+    before it is written: the log would hold a leaf its tiles can never publish."""
+
+    def __init__(self, part: str, size: int, limit: int) -> None:
+        super().__init__("leaf", f"its {part} has {size} bytes, more than the {limit} a "
+                                 "tile bundle entry holds")
+        self.part = part
+        self.size = size
+        self.limit = limit
+
+
 class LogIdentityError(InvalidInputError):
     """A replica's signing key or origin is not the log's: it must not start.
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ledger import merkle
 from ledger.errors import (
     InvalidInputError,
+    LeafTooLargeError,
     MalformedProofError,
     RootMismatchError,
     VerificationError,
@@ -145,6 +146,14 @@ def tiles_between(old_size: int, new_size: int) -> list[TileRef]:
 
 
 # --- contents --------------------------------------------------------------------------
+
+
+def check_entry_sizes(entry: bytes, body: bytes | None = None) -> None:
+    """Raise LeafTooLargeError unless a leaf's ``entry`` (and v2 ``body``, bundled the same
+    way beside it) fits a bundle: the log's one append path calls it on every leaf."""
+    for part, data in (("entry", entry), ("body", body)):
+        if data is not None and len(data) > MAX_ENTRY_BYTES:
+            raise LeafTooLargeError(part, len(data), MAX_ENTRY_BYTES)
 
 
 def encode_bundle(entries: Iterable[bytes]) -> bytes:

@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from inference_wrapper.audit.generator import AuditedOutput, PreparedRequest
-from inference_wrapper.server.appkeys import LEDGER, SETTINGS, VAULT
+from inference_wrapper.server.appkeys import LEDGER, METRICS, SETTINGS, VAULT
 from inference_wrapper.server.problems import Problem, invalid
 from inference_wrapper.server.validation import Field
 from ledger.error_map import http_status_for
@@ -98,6 +98,8 @@ async def vault_context(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     vault = await asyncio.to_thread(open_vault, settings)
     app[VAULT] = vault
+    # A tenant whose expiry failed is seen here, not only in the log (decision 0061).
+    app[METRICS].expiry_failed_tenants.set_function(lambda: float(len(vault.expiry_failures)))
     expiry = asyncio.get_running_loop().create_task(
         _expire_periodically(vault, app, settings.retention_expiry_interval_s),
         name="retention-expiry")

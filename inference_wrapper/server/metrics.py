@@ -212,6 +212,10 @@ class Metrics:
         self.anchor_failures = Gauge("audit_anchor_consecutive_failures",
                                      "anchoring attempts failed in a row (0: the last "
                                      "one succeeded)", registry=self.registry)
+        self.expiry_failed_tenants = Gauge("audit_retention_expiry_failed_tenants",
+                                           "tenants whose content the last retention "
+                                           "expiry run could not erase",
+                                           registry=self.registry)
         self.anchor_conflict = Gauge("audit_anchor_conflict",
                                      "1 while the anchor holds something that is not a "
                                      "checkpoint of this log (anchoring stopped; /readyz "

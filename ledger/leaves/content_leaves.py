@@ -10,7 +10,7 @@ own window and nobody else reads their bodies.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ledger.canonical import canonical_bytes
@@ -32,7 +32,13 @@ CHANNELS = ("http", "cli")
 ERASURE_KEYS = frozenset(("records", "reason", "selector", "requested_by"))
 ERASURE_OPTIONAL_KEYS = frozenset(("legal_basis", "cancels"))
 SELECTORS = ("records", "subject", "expiry")
-MAX_ERASED_RECORDS = 100_000  # one leaf per erasure: bounded so a body stays small
+MAX_ERASED_RECORDS = 100_000  # what a reader accepts in one leaf (older leaves included)
+# What a writer names in one leaf (decision 0061). A body travels in a tile bundle behind a
+# 16-bit length, so it must stay under 65,535 bytes. A named record costs at most 259
+# bytes (64 characters of 4 UTF-8 bytes, two quotes, a comma) and the other members at
+# most 3,747 (every text at its limit, 4-byte characters): 200 records make at most
+# 55,547 bytes, a sixth under the limit. A UUIDv7 record id costs 39 bytes (~8 KB a leaf).
+RECORDS_PER_ERASURE_LEAF = 200
 
 
 def build_access(*, origin: str, record_id: str, record_tenant: str, key_id: str,
@@ -54,7 +60,9 @@ def build_access(*, origin: str, record_id: str, record_tenant: str, key_id: str
 def build_erasure(*, origin: str, tenant: str, records: Sequence[str], reason: str,
                   selector: str, requested_by: str, leaf_id: str, created_at: str,
                   legal_basis: str | None = None, cancels: str | None = None) -> Leaf:
-    """The leaf of one erasure (record ids sorted: one erasure has one form)."""
+    """The leaf of one erasure of at most ``MAX_ERASED_RECORDS`` (record ids sorted: one
+    erasure has one form). A writer names more than ``RECORDS_PER_ERASURE_LEAF`` in
+    several leaves (``erasure_parts``), or its body could not be published."""
     section: dict[str, Any] = {"records": sorted(records), "reason": reason,
                                "selector": selector, "requested_by": requested_by}
     if legal_basis is not None:
@@ -66,6 +74,15 @@ def build_erasure(*, origin: str, tenant: str, records: Sequence[str], reason: s
                                "erasure": section}
     validate_erasure_v2(content)
     return seal(ERASURE_KIND, content, canonical_bytes(content), tenant_tag(origin, tenant))
+
+
+def erasure_parts(records: Iterable[str]) -> list[list[str]]:
+    """``records`` sorted, each once, cut into the lists of at most
+    ``RECORDS_PER_ERASURE_LEAF`` that one erasure's leaves name (one erasure, one form).
+    An erasure that fits in one leaf has exactly the leaf it always had."""
+    ordered = sorted(set(records))
+    return [ordered[start:start + RECORDS_PER_ERASURE_LEAF]
+            for start in range(0, len(ordered), RECORDS_PER_ERASURE_LEAF)]
 
 
 def validate_access_v2(body: Mapping[str, Any]) -> None:

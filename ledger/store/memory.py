@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ledger import merkle, tiles
 from ledger.checkpoint import Checkpoint, NoteSigner
-from ledger.errors import BackendUnavailableError, DuplicateRecordError
+from ledger.errors import BackendUnavailableError, DuplicateRecordError, LeafTooLargeError
 from ledger.leaves.body_codec import unpack_body
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.environment import ENVIRONMENT_COLUMNS
@@ -36,7 +36,7 @@ from ledger.store.log_api import (
     TreeProofs,
     parse_timestamp,
 )
-from ledger.store.rows import row_columns
+from ledger.store.rows import check_publishable, row_columns
 from ledger.tiles import TileRef
 
 # Columns a RecordRow names itself; the rest of a row are its ``columns``.
@@ -108,6 +108,10 @@ class MemoryLog(TreeProofs):
             return [self._append_one(leaf) for leaf in leaves]
 
     def _append_one(self, leaf: LogLeaf) -> Receipt | BaseException:
+        try:  # as the SQL writer: refused before it has an index
+            check_publishable(leaf)
+        except LeafTooLargeError as exc:
+            return exc
         earlier = self._by_id.get(leaf.record_id)
         if earlier is not None:  # a retried append answers with its first receipt
             if self._rows[earlier]["canonical"] != leaf.canonical:

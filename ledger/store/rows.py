@@ -1,4 +1,5 @@
-"""A leaf's mirror row, the same for every driver (SQL and the in-memory twin)."""
+"""A leaf's mirror row, the same for every driver (SQL and the in-memory twin), and the
+size check every driver applies before it writes a leaf."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from ledger.leaves.envelope import Leaf
 from ledger.leaves.mirror import leaf_columns
 from ledger.record import mirror_columns
 from ledger.store.log_api import LogLeaf
+from ledger.tiles import check_entry_sizes
 
 RECORD_INSERT_COLUMNS = (
     "leaf_index", "record_id", "created_at", "tenant", "model_name", "model_digest",
@@ -24,3 +26,9 @@ def row_columns(leaf: LogLeaf) -> dict[str, Any]:
         return {**leaf_columns(leaf), "canonical": leaf.envelope, "body": pack_body(leaf.body)}
     return {**mirror_columns(leaf), "canonical": leaf.canonical, "body": None,
             "environment_index": None}
+
+
+def check_publishable(leaf: LogLeaf) -> None:
+    """Raise LeafTooLargeError for a leaf its tiles could never publish (decision 0061):
+    every driver asks before it gives the leaf an index."""
+    check_entry_sizes(leaf.canonical, leaf.body if isinstance(leaf, Leaf) else None)

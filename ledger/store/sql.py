@@ -48,6 +48,7 @@ from ledger.errors import (
     BackendUnavailableError,
     DuplicateRecordError,
     InvalidInputError,
+    LeafTooLargeError,
     SequencerBusyError,
     WorkerDiedError,
 )
@@ -70,7 +71,7 @@ from ledger.store.log_api import (
     parse_timestamp,
 )
 from ledger.store.mirror import SqlMirror
-from ledger.store.rows import RECORD_INSERT_COLUMNS, row_columns
+from ledger.store.rows import RECORD_INSERT_COLUMNS, check_publishable, row_columns
 from ledger.store.schema import (
     checkpoints,
     environments,
@@ -601,6 +602,11 @@ class SqlLedger(TreeProofs):
         created_at: dict[str, Any] = {}
         for pending in group:
             record = pending.record
+            try:  # before it has an index: a refused leaf must leave no trace in the tree
+                check_publishable(record)
+            except LeafTooLargeError as exc:
+                results.append(exc)
+                continue
             earlier = existing.get(record.record_id)
             if earlier is not None:
                 results.append(_idempotent_receipt(record, earlier[1], earlier[2]))
@@ -611,9 +617,6 @@ class SqlLedger(TreeProofs):
                                DuplicateRecordError(f"record id {record.record_id} is "
                                                     "already used by another record"))
                 continue
-            index = compact.size
-            for (level, idx), node_hash in compact.append(record.leaf_hash):
-                node_rows.append((level, idx, node_hash))
             columns = row_columns(record)
             stamp = columns["created_at"]
             if self.max_created_lag is not None:
@@ -622,8 +625,11 @@ class SqlLedger(TreeProofs):
                     results.append(InvalidInputError(
                         "created_at", f"{stamp} is more than {self.max_created_lag} before "
                         "the newest leaf's time (the lag rule keeps windows provable)"))
-                    continue
+                    continue  # refused before the tree has it, as above
                 self._newest = max(moment, self._newest or moment)
+            index = compact.size
+            for (level, idx), node_hash in compact.append(record.leaf_hash):
+                node_rows.append((level, idx, node_hash))
             if stamp not in created_at:  # a batch's records share one timestamp
                 created = parse_timestamp(stamp)
                 # SQLite keeps DATETIME as text in SQLAlchemy's own format.

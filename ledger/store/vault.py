@@ -5,11 +5,12 @@
 - ``read_audited`` appends an ``access-record/v1`` leaf, waits until it is durable, and
   only then decrypts and returns the content.
 - ``erase`` (by records or by data subject) and ``expire`` (end of the retention period)
-  append an ``erasure-record/v1`` leaf, then, in one transaction under the tenant's lock,
-  check the legal holds again, clear the erased rows (ciphertexts, wrapped keys, subject
-  hash), turn the stored answers naming them into 410s and re-wrap the surviving data
-  keys of the erased records' KEKs under a new KEK; after the commit those KEKs are
-  destroyed in the key store, so no copy of the erased rows anywhere opens again
+  append ``erasure-record/v2`` leaves (several for a large erasure, decision 0061),
+  then, in one transaction under the tenant's lock, check the legal holds again, clear
+  the erased rows (ciphertexts, wrapped keys, subject hash), turn the stored answers
+  naming them into 410s and re-wrap the surviving data keys of the erased records' KEKs
+  under a new KEK; after the commit those KEKs are destroyed in the key store, so no
+  copy of the erased rows anywhere opens again
   (docs/decisions/0038-erasure-destroys-key-store-keys.md). The log and the mirror are
   never touched, so every proof still holds.
 - Bounds the service enforces itself (decision 39): a retention period between the
@@ -24,6 +25,7 @@ the mirror except through the ledger's own append.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import threading
 import time
@@ -36,7 +38,7 @@ from sqlalchemy import Connection, bindparam, event, func, insert, select, text,
 
 from ledger.content_records import check_legal_basis
 from ledger.errors import InvalidInputError
-from ledger.leaves.content_leaves import build_access, build_erasure
+from ledger.leaves.content_leaves import build_access, build_erasure, erasure_parts
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.fields import check_tenant_name
 from ledger.record import new_record_id, utc_timestamp
@@ -65,6 +67,8 @@ from ledger.vault_crypto import (
     subject_hash,
 )
 from ledger.vault_errors import ContentErasedError, ContentNotRetainedError, LegalHoldError
+
+log = logging.getLogger("audit_ledger.vault")
 
 MODES = ("commitments", "content")
 EXPIRY_LOCK_KEY = 0x7661756C74  # "vault": shared by every replica
@@ -144,17 +148,25 @@ class Hold:
 
 @dataclass(frozen=True)
 class Erasure:
-    """One erasure: the leaf that announced it and the records whose keys were destroyed."""
+    """One erasure: the leaves that announced it and the records whose keys were destroyed.
+
+    A large erasure is announced in several leaves (``erasure_parts``); the first is
+    ``erasure_record_id`` / ``leaf_index``, all of them ``erasure_record_ids`` /
+    ``leaf_indexes`` in the same order."""
 
     tenant: str
     records: list[str]
     erasure_record_id: str | None  # None when there was nothing to erase
     leaf_index: int | None
     erased_at: datetime | None
+    erasure_record_ids: tuple[str, ...] = ()
+    leaf_indexes: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"tenant": self.tenant, "records": self.records,
                 "erasure_record_id": self.erasure_record_id, "leaf_index": self.leaf_index,
+                "erasure_record_ids": list(self.erasure_record_ids),
+                "leaf_indexes": list(self.leaf_indexes),
                 "erased_at": _iso(self.erased_at)}
 
 
@@ -221,6 +233,9 @@ class ContentVault:
         self._policies: dict[str, tuple[float, Policy]] = {}
         self._policy_changes = 0  # bumped by set_policy: a read begun before is not cached
         self._lock = threading.Lock()
+        # The tenants whose expiry failed in the last run (name -> error class): the
+        # other tenants still expire, and this says the run was not whole.
+        self.expiry_failures: dict[str, str] = {}
 
     def close(self) -> None:
         self.engine.dispose()
@@ -520,6 +535,8 @@ class ContentVault:
         ``now`` may be earlier than this clock, never later than it by more than
         ``CLOCK_SKEW`` (a time in the future would erase what is still to be kept).
         Returns the erasures (one per tenant) and the holds that kept records past their end.
+        A tenant whose erasure fails is left for the next run and named, with the error's
+        class, in ``expiry_failures``; the other tenants still expire.
         """
         current = self.clock()
         moment = _naive(now) if now is not None else current
@@ -551,21 +568,37 @@ class ContentVault:
             by_tenant.setdefault(tenant, []).append(record_id)
         erasures: list[Erasure] = []
         kept_by: list[Hold] = []
+        failures: dict[str, str] = {}
         for tenant, ids in by_tenant.items():
-            holds = self.holds(tenant)
-            if any(h.record_id is None for h in holds):
-                kept_by.extend(h for h in holds if h.record_id is None)
+            try:
+                erasure = self._expire_tenant(ledger, tenant, ids, kept_by)
+            except Exception as exc:  # one tenant's failure must not stop the others
+                # The class only: a message may quote a tenant's name or record ids.
+                log.error("retention expiry of one tenant failed: %s", type(exc).__name__)
+                failures[tenant] = type(exc).__name__
                 continue
-            held = {h.record_id for h in holds}
-            kept_by.extend(h for h in holds if h.record_id in ids)
-            free = [i for i in ids if i not in held]
-            if free:
-                try:
-                    erasures.append(self._shred(ledger, tenant, free, "expiry", "expiry",
-                                                "retention-expiry"))
-                except LegalHoldError:  # placed while this erasure was being logged
-                    continue
+            if erasure is not None:
+                erasures.append(erasure)
+        self.expiry_failures = failures
         return erasures, kept_by
+
+    def _expire_tenant(self, ledger: Appender, tenant: str, ids: list[str],
+                       kept_by: list[Hold]) -> Erasure | None:
+        """Erase one tenant's due records ``ids`` but the held ones (their holds are
+        added to ``kept_by``); None when all are held."""
+        holds = self.holds(tenant)
+        if any(h.record_id is None for h in holds):
+            kept_by.extend(h for h in holds if h.record_id is None)
+            return None
+        held = {h.record_id for h in holds}
+        kept_by.extend(h for h in holds if h.record_id in ids)
+        free = [i for i in ids if i not in held]
+        if not free:
+            return None
+        try:
+            return self._shred(ledger, tenant, free, "expiry", "expiry", "retention-expiry")
+        except LegalHoldError:  # placed while this erasure was being logged
+            return None
 
     def _shred(self, ledger: Appender, tenant: str, record_ids: list[str], selector: str,
                reason: str, requested_by: str, legal_basis: str | None = None) -> Erasure:
@@ -574,59 +607,69 @@ class ContentVault:
         hold = self._blocking_hold(tenant, record_ids)
         if hold is not None:  # refused before anything is logged
             raise LegalHoldError(hold.hold_id, hold.scope, hold.reason)
-        # The leaf first: an erasure that happened is never missing from the log. If the
-        # shredding below fails, running the erasure again finishes it (with a new leaf).
-        leaf = build_erasure(
-            origin=self.origin(), leaf_id=new_record_id(), created_at=utc_timestamp(),
-            tenant=tenant, records=record_ids, reason=reason, selector=selector,
-            requested_by=requested_by, legal_basis=legal_basis)
-        receipt = ledger.append(leaf)
+        # The leaves first: an erasure that happened is never missing from the log. If the
+        # shredding below fails, running the erasure again finishes it (with new leaves).
+        # A large erasure takes several leaves, so each body fits a tile bundle (0061).
+        origin = self.origin()
+        parts = [(build_erasure(
+            origin=origin, leaf_id=new_record_id(), created_at=utc_timestamp(),
+            tenant=tenant, records=part, reason=reason, selector=selector,
+            requested_by=requested_by, legal_basis=legal_basis), part)
+            for part in erasure_parts(record_ids)]
+        receipts = [ledger.append(leaf) for leaf, _ in parts]
         erased_at = self.clock()
         with self._writer.begin() as conn:
             lock_tenant(conn, tenant, exclusive=True)
-            # Checked again where it acts: a hold placed while the leaf was being logged.
+            # Checked again where it acts: a hold placed while the leaves were being logged.
             hold = self._blocking_hold(tenant, record_ids, conn)
             doomed = [] if hold is not None else self._erase_rows(
-                conn, tenant, record_ids, erased_at, leaf.record_id)
+                conn, tenant, [(leaf.record_id, part) for leaf, part in parts], erased_at)
         if hold is not None:
-            ledger.append(build_erasure(
-                origin=self.origin(), leaf_id=new_record_id(), created_at=utc_timestamp(),
-                tenant=tenant, records=record_ids, reason="cancelled", selector=selector,
-                requested_by=f"hold:{hold.hold_id}", cancels=leaf.record_id))
+            for leaf, part in parts:
+                ledger.append(build_erasure(
+                    origin=origin, leaf_id=new_record_id(), created_at=utc_timestamp(),
+                    tenant=tenant, records=part, reason="cancelled", selector=selector,
+                    requested_by=f"hold:{hold.hold_id}", cancels=leaf.record_id))
             raise LegalHoldError(hold.hold_id, hold.scope, hold.reason)
         # Committed: the old KEKs hold only erased keys now. Destroying them makes every
         # copy of those keys (WAL frames, old pages, backups) unopenable. A crash before
         # this line leaves them marked doomed; the tenant's next erasure destroys them.
         self.keks.destroy(tenant, doomed)
-        return Erasure(tenant, sorted(record_ids), leaf.record_id, int(receipt.leaf_index),
-                       erased_at)
+        ids = tuple(leaf.record_id for leaf, _ in parts)
+        indexes = tuple(int(r.leaf_index) for r in receipts)
+        return Erasure(tenant, sorted(set(record_ids)), ids[0], indexes[0], erased_at,
+                       ids, indexes)
 
-    def _erase_rows(self, conn: Connection, tenant: str, record_ids: list[str],
-                    erased_at: datetime, erasure_record_id: str) -> list[str]:
-        """In the erasure's transaction: clear the rows, answer their stored answers with
-        410, re-key the survivors. Returns the KEKs to destroy once committed."""
-        live = conn.execute(select(vault_content.c.record_id, vault_content.c.kek_id)
-                            .where(vault_content.c.tenant == tenant,
-                                   vault_content.c.record_id.in_(record_ids),
-                                   vault_content.c.erased_at.is_(None))).all()
-        conn.execute(
-            update(vault_content)
-            .where(vault_content.c.tenant == tenant,
-                   vault_content.c.record_id.in_(record_ids),
-                   vault_content.c.erased_at.is_(None))
-            .values(wrapped_key=None, prompt_ct=None, output_ct=None, input_salt_ct=None,
-                    output_salt_ct=None, subject_ct=None, subject_hash=None,
-                    erased_at=erased_at, erasure_record_id=erasure_record_id))
-        # Idempotency-Key answers naming these records (stored before or while this
-        # erasure ran) become 410s: the key stays bound to its record, nothing replays.
-        # Their fingerprints go too: a 410 to any body tells no body apart (0062).
-        for record_id in record_ids:
-            conn.execute(update(receipts).where(
-                receipts.c.tenant == tenant, names_any([record_id]))
-                .values(state="done", response=json.dumps(erased_answer(
-                    record_id, erased_at, erasure_record_id)),
-                    response_ct=None, wrapped_key=None, kek_id=None, fingerprint=None))
-        return self._rekey(conn, tenant, {str(k) for _, k in live if k is not None})
+    def _erase_rows(self, conn: Connection, tenant: str,
+                    parts: list[tuple[str, list[str]]], erased_at: datetime) -> list[str]:
+        """In the erasure's transaction: clear the rows (each names the leaf of its
+        ``(erasure_record_id, record_ids)`` part), answer their stored answers with 410,
+        re-key the survivors once. Returns the KEKs to destroy once committed."""
+        kek_ids: set[str] = set()
+        for erasure_record_id, record_ids in parts:
+            live = conn.execute(select(vault_content.c.record_id, vault_content.c.kek_id)
+                                .where(vault_content.c.tenant == tenant,
+                                       vault_content.c.record_id.in_(record_ids),
+                                       vault_content.c.erased_at.is_(None))).all()
+            kek_ids.update(str(k) for _, k in live if k is not None)
+            conn.execute(
+                update(vault_content)
+                .where(vault_content.c.tenant == tenant,
+                       vault_content.c.record_id.in_(record_ids),
+                       vault_content.c.erased_at.is_(None))
+                .values(wrapped_key=None, prompt_ct=None, output_ct=None, input_salt_ct=None,
+                        output_salt_ct=None, subject_ct=None, subject_hash=None,
+                        erased_at=erased_at, erasure_record_id=erasure_record_id))
+            # Idempotency-Key answers naming these records (stored before or while this
+            # erasure ran) become 410s: the key stays bound to its record, nothing replays.
+            # Their fingerprints go too: a 410 to any body tells no body apart (0062).
+            for record_id in record_ids:
+                conn.execute(update(receipts).where(
+                    receipts.c.tenant == tenant, names_any([record_id]))
+                    .values(state="done", response=json.dumps(erased_answer(
+                        record_id, erased_at, erasure_record_id)),
+                        response_ct=None, wrapped_key=None, kek_id=None, fingerprint=None))
+        return self._rekey(conn, tenant, kek_ids)
 
     def _rekey(self, conn: Connection, tenant: str, kek_ids: set[str],
                batch: int = REKEY_BATCH) -> list[str]:

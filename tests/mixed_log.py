@@ -10,6 +10,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from ledger.checkpoint import Checkpoint, NoteSigner
+from ledger.cosignature import Cosigner
 from ledger.leaves.commitments import row_commitments
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.environment import build_environment
@@ -85,3 +87,14 @@ def append_all(url: str, leaves: list[AuditRecord | Leaf]) -> None:
             failed = [o for o in outcomes if isinstance(o, BaseException)]
             if failed:
                 raise failed[0]
+
+
+def seal_cosigned(ledger: SqlLedger, origin: str, signer: NoteSigner, witness: Cosigner,
+                  size: int) -> None:
+    """Name the log, seal its checkpoint (of ``size`` leaves) and store ``witness``'s
+    cosignature of it, as a witnessed log publishes it."""
+    ledger.create_log_meta(origin, signer.verifier().encode())
+    sealed = ledger.seal_checkpoint(signer, origin)
+    assert sealed is not None and sealed.size == size
+    line = witness.cosign(Checkpoint.peek(sealed.note).body(), 1_790_000_000)
+    ledger.cosignatures.store(size, witness.name, line, 1_790_000_000)

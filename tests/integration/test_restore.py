@@ -146,17 +146,13 @@ def test_restore_from_a_bucket(ledger_url: str, signer: NoteSigner, witness: Cos
 def mixed(signer: NoteSigner, witness: Cosigner, tmp_path: Path) -> tuple[str, Path]:
     """A log of 40 v1 records then 560 v2 leaves (two environments, two tenants),
     appended by the writer, sealed, cosigned and published with its bodies."""
-    from tests.mixed_log import append_all, mixed_leaves
+    from tests.mixed_log import append_all, mixed_leaves, seal_cosigned
 
     url = f"sqlite:///{tmp_path / 'mixed.db'}"
     append_all(url, mixed_leaves(ORIGIN, 600, lambda i: BASE + timedelta(seconds=i), v1=40,
                                  switch=300))
     with SqlLedger(url) as ledger:
-        ledger.create_log_meta(ORIGIN, signer.verifier().encode())
-        sealed = ledger.seal_checkpoint(signer, ORIGIN)
-        assert sealed is not None
-        line = witness.cosign(Checkpoint.peek(sealed.note).body(), 1_790_000_000)
-        ledger.cosignatures.store(600, witness.name, line, 1_790_000_000)
+        seal_cosigned(ledger, ORIGIN, signer, witness, 600)
         publish_latest(ledger, DirectorySink(tmp_path / "tlog"))
     return url, tmp_path / "tlog"
 

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from audit_cli.main import main
 from ledger import body_bundles, tiles
 from ledger.audit import open_row
-from ledger.checkpoint import Checkpoint, NoteSigner
+from ledger.checkpoint import NoteSigner
 from ledger.cosignature import Cosigner
 from ledger.errors import LedgerError
 from ledger.leaves import kinds
@@ -26,7 +26,7 @@ from ledger.publish.directory import DirectorySink
 from ledger.publish.worker import publish_latest
 from ledger.store.sql import SqlLedger
 from tests.integration.conftest import ORIGIN
-from tests.mixed_log import DRIVER_A, MODEL_A, append_all, environment, stamp
+from tests.mixed_log import DRIVER_A, MODEL_A, append_all, environment, seal_cosigned, stamp
 from tests.vectors.make_leaf_vectors import INPUTS
 
 BASE = datetime(2026, 11, 3, 8, 0, 0)
@@ -72,11 +72,7 @@ def published(log: tuple[list[Leaf], NoteSigner, Cosigner], tmp_path: Path) -> P
     url = f"sqlite:///{tmp_path / 'source.db'}"
     append_all(url, list(leaves))
     with SqlLedger(url) as ledger:
-        ledger.create_log_meta(ORIGIN, signer.verifier().encode())
-        sealed = ledger.seal_checkpoint(signer, ORIGIN)
-        assert sealed is not None
-        line = witness.cosign(Checkpoint.peek(sealed.note).body(), 1_790_000_000)
-        ledger.cosignatures.store(COUNT, witness.name, line, 1_790_000_000)
+        seal_cosigned(ledger, ORIGIN, signer, witness, COUNT)
         publish_latest(ledger, DirectorySink(tmp_path / "tlog"))
     return tmp_path / "tlog"
 

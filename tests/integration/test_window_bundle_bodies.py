@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ledger.checkpoint import Checkpoint, NoteSigner
+from ledger.checkpoint import NoteSigner
 from ledger.cosignature import Cosigner
 from ledger.error_map import EXIT_CHECK_FAILED
 from ledger.leaves.envelope import Leaf
 from ledger.store.sql import SqlLedger
 from tests.cli_runs import cli_text
-from tests.mixed_log import DRIVER_A, MODEL_A, MODEL_B, append_all, mixed_leaves
+from tests.mixed_log import DRIVER_A, MODEL_A, MODEL_B, append_all, mixed_leaves, seal_cosigned
 from tests.tiles_service import tiles_service
 
 ORIGIN = "window-bodies.test/log"
@@ -61,11 +61,7 @@ def _build(url: str, keys: Any) -> None:
     signer, witness = keys
     append_all(url, LEAVES)
     with SqlLedger(url) as ledger:
-        ledger.create_log_meta(ORIGIN, signer.verifier().encode())
-        sealed = ledger.seal_checkpoint(signer, ORIGIN)
-        assert sealed is not None and sealed.size == COUNT
-        line = witness.cosign(Checkpoint.peek(sealed.note).body(), 1_790_000_000)
-        ledger.cosignatures.store(COUNT, witness.name, line, 1_790_000_000)
+        seal_cosigned(ledger, ORIGIN, signer, witness, COUNT)
 
 
 @pytest.fixture()

@@ -136,7 +136,9 @@ def test_window_bundle_verifies_offline_and_a_dropped_leaf_is_named(
     code, out, err = cli_text(capsys, "verify", "--bundle", str(bundle), "--tenant", "bank-a",
                           "--no-state", *_trust(keys))
     assert code == 0, err
-    assert out.startswith("complete: every leaf in [89, 411) read and checked, 150 matched")
+    window, complete = out.splitlines()[:2]
+    assert window == f"window proved: [{SINCE.isoformat()}Z, {UNTIL.isoformat()}Z)"
+    assert complete.startswith("complete: every leaf in [89, 411) read and checked, 150 matched")
     original = bundle.read_text()
     for leaf, reindex, message in ((250, False, "leaf 250 is missing from the window bundle"),
                                    (410, False, "leaf 410 is missing from the window bundle"),
@@ -279,17 +281,13 @@ def v2_only(tmp_path_factory: pytest.TempPathFactory, keys: Any) -> tuple[str, P
 
 
 def _publish_mixed(folder: Path, keys: Any, v1: int) -> tuple[str, Path]:
-    from tests.mixed_log import append_all, mixed_leaves
+    from tests.mixed_log import append_all, mixed_leaves, seal_cosigned
 
     signer, witness = keys
     url = f"sqlite:///{folder / 'log.db'}"
     append_all(url, mixed_leaves(ORIGIN, COUNT, _when, v1=v1, switch=SWITCH))
     with SqlLedger(url) as ledger:
-        ledger.create_log_meta(ORIGIN, signer.verifier().encode())
-        sealed = ledger.seal_checkpoint(signer, ORIGIN)
-        assert sealed is not None
-        line = witness.cosign(Checkpoint.peek(sealed.note).body(), 1_790_000_000)
-        ledger.cosignatures.store(COUNT, witness.name, line, 1_790_000_000)
+        seal_cosigned(ledger, ORIGIN, signer, witness, COUNT)
         from ledger.publish.worker import publish_latest
         publish_latest(ledger, DirectorySink(folder / "tlog"))
     return url, folder / "tlog"

@@ -317,6 +317,9 @@ class Idempotency:
     async def _repeat(self, request: web.Request, tenant: str, key: str, mark: bytes,
                       held: StoredReceipt) -> web.Response:
         if not await self._call(self.store.same_request, tenant, key, held, mark):
+            if held.fingerprint is None:  # its key was rotated: no body can be compared
+                raise invalid(HEADER, "was already used, and its request can no longer "
+                              "be compared with this one; use a new key")
             raise invalid(HEADER, "was already used with a different request body")
         if held.state == "done" and held.response is not None:
             return _stored(held.response)

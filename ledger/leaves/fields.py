@@ -13,6 +13,7 @@ from typing import Any
 
 from ledger.errors import CanonicalFormError, InvalidInputError
 from ledger.leaves.envelope import is_timestamp
+from ledger.report_record import REPORT_TENANT
 
 ENGINE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
 
@@ -52,23 +53,23 @@ def text(value: Any, where: str, limit: int = 256) -> None:
 
 
 MAX_TENANT_CHARS = 128
-# Tenant names the service keeps for its own leaves (``_reports``: reports that may span
-# tenants); no key or policy may name one, or its holder would read those leaves.
-RESERVED_TENANT_PREFIX = "_"
+# The tenant names the service writes its own leaves under (reports may span tenants):
+# no key may name one, or its holder would read those leaves. Exactly these names, not
+# a pattern, so no tenant already holding records is ever locked out of a new key.
+RESERVED_TENANTS = frozenset({REPORT_TENANT})
 
 
 def check_tenant_name(value: Any, *, new_key: bool = False) -> str:
     """A tenant, checked against the rule every leaf applies to its ``tenant`` (``text``)
-    where a key is created (``new_key``: reserved names refused too) and before a vault
+    where a key is created (``new_key``: ``RESERVED_TENANTS`` refused too) and before a vault
     operation, so a tenant that can hold a key can also stream, be erased and expire.
     ``InvalidInputError`` naming ``tenant``."""
     if not isinstance(value, str) or not 1 <= len(value) <= MAX_TENANT_CHARS \
             or not value.isprintable():
         raise InvalidInputError("tenant", f"must be 1 to {MAX_TENANT_CHARS} printable "
                                 "characters (letters, digits, punctuation, spaces)")
-    if new_key and value.startswith(RESERVED_TENANT_PREFIX):
-        raise InvalidInputError("tenant", f"names starting with {RESERVED_TENANT_PREFIX!r} "
-                                "are kept for the service's own leaves")
+    if new_key and value in RESERVED_TENANTS:
+        raise InvalidInputError("tenant", f"{value!r} is kept for the service's own leaves")
     return value
 
 

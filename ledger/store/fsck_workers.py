@@ -17,8 +17,9 @@ import os
 import sqlite3
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from multiprocessing.pool import AsyncResult
 from typing import NamedTuple
 from urllib.parse import quote
 
@@ -27,6 +28,7 @@ from sqlalchemy.pool import StaticPool
 
 from ledger import merkle
 from ledger.audit import EnvironmentKey, QuickRows
+from ledger.errors import BackendUnavailableError
 from ledger.leaves.batch_layouts import BatchLayouts
 from ledger.leaves.envelope import Leaf
 from ledger.store.fsck_row import Finding, row_findings
@@ -60,6 +62,19 @@ class Checked(NamedTuple):
     leaf: Leaf | None
 
 
+class WorkerLostError(BackendUnavailableError):
+    """A worker process ended before answering for its range (killed, out of memory):
+    nothing is concluded about the log (exit 3), never a partial "ok"."""
+
+    def __init__(self, span: tuple[int, int | None]) -> None:
+        start, end = span
+        upto = f"{end})" if end is not None else "the end]"
+        super().__init__(f"a log fsck worker ended before answering for leaves [{start}, "
+                         f"{upto} (killed or out of memory): nothing is concluded; run "
+                         "again, or with --workers 1")
+        self.span = span
+
+
 def default_workers() -> int:
     """One worker per core, at most ``MAX_WORKERS``."""
     return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
@@ -90,19 +105,30 @@ class RowWorkers:
         ranges = iter(self.ranges(size))
         processes = min(self.workers, len(self.ranges(size)))
         context = multiprocessing.get_context("spawn")  # no state of this process copied
-        with context.Pool(processes, initializer=_start_worker,
-                          initargs=(self.url, origin)) as pool:
-            pending: deque[AsyncResult[list[Proven | Checked]]] = deque()
-            for start, end in ranges:
-                pending.append(pool.apply_async(_check_range, (start, end)))
-                if len(pending) >= 2 * processes:
-                    break
-            while pending:
-                done = pending.popleft().get()
-                following = next(ranges, None)
-                if following is not None:
-                    pending.append(pool.apply_async(_check_range, following))
-                yield from done
+        # An executor, not a multiprocessing.Pool: a worker killed mid-range (out of
+        # memory, a signal) breaks it and every waiting result raises, where a Pool
+        # loses the task and waits for it for ever.
+        with ProcessPoolExecutor(processes, mp_context=context, initializer=_start_worker,
+                                 initargs=(self.url, origin)) as pool:
+            pending: deque[tuple[tuple[int, int | None], Future[list[Proven | Checked]]]]
+            pending = deque()
+            try:
+                for span in ranges:
+                    pending.append((span, pool.submit(_check_range, *span)))
+                    if len(pending) >= 2 * processes:
+                        break
+                while pending:
+                    span, result = pending.popleft()
+                    try:
+                        done = result.result()
+                    except BrokenProcessPool as exc:
+                        raise WorkerLostError(span) from exc
+                    following = next(ranges, None)
+                    if following is not None:
+                        pending.append((following, pool.submit(_check_range, *following)))
+                    yield from done
+            except BrokenProcessPool as exc:  # broken before a range was handed out
+                raise WorkerLostError(pending[0][0] if pending else (0, None)) from exc
 
 
 class _RangeChecker:

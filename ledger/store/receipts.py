@@ -96,6 +96,12 @@ def erased_answer(record_id: str, erased_at: datetime | None,
                   f"record {erasure_record_id}"}}
 
 
+def is_erased_answer(answer: dict[str, Any] | None) -> bool:
+    """Whether a stored answer is an erasure's 410 (``erased_answer``)."""
+    problem = answer.get("problem") if isinstance(answer, dict) else None
+    return isinstance(problem, dict) and problem.get("code") == "content_erased"
+
+
 def names_any(record_ids: Iterable[str]) -> Any:
     """Receipts whose ``record_ids`` (comma-joined) name one of these records."""
     from sqlalchemy import or_
@@ -174,11 +180,14 @@ class ReceiptStore:
 
     def same_request(self, tenant: str, key: str, held: StoredReceipt,
                      fingerprint: bytes) -> bool:
-        """Whether a retry's ``fingerprint`` is the one ``held`` was claimed with. A row
-        without one (erased, or from before migration 0014) matches any body: its answer
-        stands, and no body is told apart from another."""
+        """Whether a retry's ``fingerprint`` is the one ``held`` was claimed with.
+
+        A row without one matches any body only if its answer is an erasure's 410 (no
+        body is told apart from another there). Any other (a subject-key rotation or
+        migration 0014 removed its fingerprint) matches none: replaying it to another
+        body would hand one request's answer to a different request."""
         if held.fingerprint is None:
-            return True
+            return is_erased_answer(held.response)
         # Every subject key the tenant still has: a claim may predate a rotation.
         return any(hmac.compare_digest(held.fingerprint, receipt_fingerprint(
             subject_key, tenant, key, fingerprint)) for subject_key in

@@ -13,6 +13,7 @@ from ledger.checkpoint import NoteSigner
 from ledger.store.fsck import RowWorkers, fsck
 from ledger.store.sql import SqlLedger
 from tests.cli_runs import cli_json
+from tests.integration.conftest import ORIGIN
 from tests.integration.test_scan_layouts import ROWS, _build, _edit_body_byte, _sql
 
 # Leaves: 0 and 1 environments, then batches of ROWS: 2..9 streamed (naming starts the
@@ -82,3 +83,39 @@ def test_the_cli_takes_a_worker_count_and_refuses_none(
     assert code == 0 and said["ok"] and said["records_checked"] == 2 + 3 * ROWS
     code, said = cli_json(capsys, *command, "--workers", "0")
     assert code != 0 and "--workers: give 1 or more" in str(said)
+
+
+def test_a_worker_killed_mid_range_fails_fsck_instead_of_hanging(
+        ledger_url: str, signer: NoteSigner) -> None:
+    """A worker ended by the kernel (out of memory) or a signal: fsck concludes nothing
+    and says so (exit 3 from the CLI); a multiprocessing.Pool waited for its lost range
+    for ever. The kill comes once the first range has answered, with ranges still out."""
+    import multiprocessing
+    import os
+    import signal
+    import threading
+
+    from ledger.store.fsck_workers import WorkerLostError
+
+    _build(ledger_url, signer)
+    workers = RowWorkers(ledger_url, workers=2, rows_per_range=1)
+    outcome: list[BaseException | str] = []
+
+    def run() -> None:
+        verdicts = workers.verdicts(ORIGIN, LAST + 1)
+        try:
+            next(verdicts)  # the pool is up and a range answered
+            for child in multiprocessing.active_children():
+                os.kill(child.pid or 0, signal.SIGKILL)
+            for _ in verdicts:
+                pass
+            outcome.append("finished")
+        except BaseException as exc:  # noqa: BLE001 - the test reads what ended it
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(120)  # an overall bound: without the fix the loop never ends
+    assert outcome, "fsck's workers hung after one was killed"
+    assert isinstance(outcome[0], WorkerLostError), outcome
+    assert "nothing is concluded" in str(outcome[0])

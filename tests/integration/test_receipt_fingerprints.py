@@ -142,13 +142,21 @@ def test_a_live_key_replays_its_body_and_refuses_another_with_422(
     assert setting.stored_fingerprint("k1") != setting.stored_fingerprint("k2")
 
 
-def test_a_subject_key_rotation_keeps_retries_answered(setting: Setting) -> None:
-    record_id = setting.keep("k1", "my PIN is 7236", subject="alice")
-    setting.vault.rotate_subject_key("bank-a")  # the fingerprint's key is destroyed
+def test_after_a_subject_key_rotation_a_live_key_replays_to_no_body(
+        setting: Setting) -> None:
+    """Its fingerprint's key is destroyed, so no body can be compared: replaying its
+    answer to any body would hand k1's output to another request (a review found
+    "transfer 9999 EUR to Mallory" answered with k1's record). Both bodies get a 422
+    that says why; the key's answer is never given to an unknown request."""
+    setting.keep("k1", "transfer 10 EUR to Alice", subject="alice")
+    setting.vault.rotate_subject_key("bank-a")
     assert setting.stored_fingerprint("k1") is None
-    again = _answer(Idempotency(setting.store, timeout_s=5), "k1",
-                    {"model": "tiny", "prompt": "my PIN is 7236"})
-    assert again.status == 200 and again.headers["X-Audit-Record-Id"] == record_id
+    idempotency = Idempotency(setting.store, timeout_s=5)
+    for prompt in ("transfer 10 EUR to Alice", "transfer 9999 EUR to Mallory"):
+        with pytest.raises(Problem) as refused:
+            _answer(idempotency, "k1", {"model": "tiny", "prompt": prompt})
+        assert (refused.value.status, refused.value.field) == (422, HEADER)
+        assert "can no longer be compared" in refused.value.detail
 
 
 def test_migration_removes_every_unkeyed_fingerprint(empty_url: str) -> None:

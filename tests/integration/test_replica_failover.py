@@ -262,9 +262,12 @@ print("leader" if lease.try_acquire() else "follower", flush=True)
 
 
 def _helper(script: str, url: str) -> subprocess.Popen[str]:
+    # A session of its own: a signal meant for the suite's process group (the kernel's
+    # SIGHUP and SIGCONT to an orphaned group with stopped members) must not resume a
+    # helper a test froze on purpose.
     process = subprocess.Popen([sys.executable, "-c", script, url], cwd=ROOT, text=True,
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT)
+                               stderr=subprocess.STDOUT, start_new_session=True)
     assert process.stdout is not None
     return process
 
@@ -662,6 +665,8 @@ from ledger.store.sql import SqlLedger
 from tests.records import make_record
 ledger = SqlLedger(sys.argv[1])
 insert_rows = ledger._insert_rows
+for number in (signal.SIGCONT, signal.SIGHUP):  # said, should a test fail on a resume
+    signal.signal(number, lambda n, _: print("got", signal.Signals(n).name, flush=True))
 
 def insert_then_freeze(conn, node_rows, record_rows):
     insert_rows(conn, node_rows, record_rows)
@@ -676,6 +681,17 @@ from ledger.errors import BackendError
 print("refused" if all(isinstance(o, BackendError) for o in outcomes) else "committed",
       flush=True)
 """
+
+
+def _rest_of_output(process: subprocess.Popen[str]) -> str:
+    """What a helper said after its last read line, for a failure's message."""
+    process.send_signal(signal.SIGCONT)
+    try:
+        output, _ = process.communicate(timeout=OVERALL_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+    return f"the helper said afterwards: {output!r}"
 
 
 def _process_state(pid: int) -> str:
@@ -702,13 +718,17 @@ def test_a_writer_frozen_right_after_its_bulk_insert_frees_the_row_without_fenci
         with SqlLedger(url, pg=replace(pg, lock_timeout_s=bound_s)) as ledger:
             receipt = ledger.append(make_record(0, tenant="survivor"), timeout=OVERALL_S)
             waited = time.monotonic() - stopped
-            assert receipt.leaf_index == 0  # the frozen group's rows were rolled back
+            # the frozen group's rows were rolled back
+            assert receipt.leaf_index == 0, _rest_of_output(holder)
         print(f"\nappend behind a writer frozen right after its bulk insert committed after "
               f"{waited:.2f} s without fencing (idle-in-transaction timeout "
               f"{pg.writer_idle_in_transaction_s} s, lock wait bounded at {bound_s} s)")
         holder.send_signal(signal.SIGCONT)
         # Woken, the frozen writer's transaction is gone: none of its appends committed.
-        assert holder.stdout.readline().strip() == "refused"
+        said_after = holder.stdout.readline().strip()
+        while said_after.startswith("got SIG"):  # its own report of this SIGCONT
+            said_after = holder.stdout.readline().strip()
+        assert said_after == "refused"
     finally:
         holder.send_signal(signal.SIGCONT)
         holder.kill()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from audit_cli.evidence import add_key_option, pinned_verifier
 from audit_cli.filters import parse_time
@@ -16,15 +15,21 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", required=True, help="ledger database URL")
     parser.add_argument("--from", dest="since", required=True, help="RFC 3339, inclusive")
     parser.add_argument("--to", dest="until", required=True, help="RFC 3339, exclusive")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes proving the rows by ranges (default: one per core, "
+                             "at most 8; 1: all in this process)")
     add_key_option(parser)
     add_state_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ledger.audit import AuditFinding, MirrorRow, audit_scan
-    from ledger.store.log_api import ScannedRows
+    from ledger.audit import AuditFinding
+    from ledger.store.log_audit import audit_log
+    from ledger.store.range_workers import RowWorkers, default_workers
     from ledger.store.sql import SqlLedger
 
+    if args.workers is not None and args.workers < 1:
+        raise InvalidInputError("--workers", "give 1 or more")
     verifier = pinned_verifier(args)
     memory = Memory(args, verifier)
     since, until = parse_time(args.since, "--from"), parse_time(args.until, "--to")
@@ -39,16 +44,8 @@ def run(args: argparse.Namespace) -> int:
         if latest is None:
             raise InvalidInputError("--db", "the log has no checkpoint yet")
         checkpoint = verifier.open_checkpoint(latest.note, verifier.name)
-        log_size, _ = ledger.tree_head()
-        # Every typed column travels with the row: audit_scan recomputes each one.
-        def row_of(chunk: ScannedRows, raw: tuple[Any, ...]) -> MirrorRow:
-            r = chunk.record_row(raw)
-            return MirrorRow(r.leaf_index, r.record_id, r.created_at, r.canonical,
-                             dict(r.columns, tenant=r.tenant,
-                                  environment_index=r.environment_index), r.body)
-
-        report = audit_scan(ledger.scan_records(), row_of, checkpoint, since, until,
-                            log_size=log_size, environments=ledger.mirror.environments())
+        workers = RowWorkers(args.db, args.workers or default_workers())
+        report = audit_log(ledger, checkpoint, since, until, workers)
         # A tail truncated or rewritten behind the checkpoint this auditor saw last.
         divergence = memory.check(ledger)
     if divergence is not None:

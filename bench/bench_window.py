@@ -5,8 +5,9 @@
 Builds a SQLite log of v1 audit records (one every 50 ms, three tenants, commitments that
 are SHA-256 digests as the service writes them), or with ``--format v2`` the records the
 service writes now (the tiny model's ``environment/v1`` leaf, then ``audit-record/v2``
-leaves sealed by the serving code in batches of 32 and appended by the real writer; their
-times are the build's own, so the window steps fit only v1), seals one
+leaves sealed by the serving code in batches of 32 and appended by the real writer, at
+the build's own times, then the engine's environment leaf again six minutes later, which
+closes the window of all the records' times), seals one
 checkpoint and has a witness cosign it, publishes it as tiles to a directory, serves that
 directory with a static HTTP server (a child process), then measures, each with the
 product's own commands:
@@ -143,7 +144,9 @@ def build(url: str, count: int, signer: NoteSigner, witness: Cosigner) -> bytes:
 def build_v2(url: str, count: int, signer: NoteSigner, witness: Cosigner) -> bytes:
     """The log as the service writes it: one environment leaf, then sealed v2 records
     (8 generated batches of 32, sealed again and again with fresh ids), appended in
-    groups of 4096 by ``SqlLedger``; one checkpoint, cosigned."""
+    groups of 4096 by ``SqlLedger``, and last the environment leaf of the engine started
+    again six minutes after the last record: beyond the lag bound, it closes every
+    window of the records' own times (``ledger.window``). One checkpoint, cosigned."""
     import asyncio
 
     import torch
@@ -153,6 +156,7 @@ def build_v2(url: str, count: int, signer: NoteSigner, witness: Cosigner) -> byt
     from inference_wrapper.engine.params import GenerationParams
     from inference_wrapper.engine.tiny import build_tiny_model
     from ledger.leaves.envelope import Leaf
+    from ledger.leaves.environment import build_environment
     from ledger.leaves.record_v2 import EnvironmentRef
     from ledger.record import AuditRecord
 
@@ -174,23 +178,39 @@ def build_v2(url: str, count: int, signer: NoteSigner, witness: Cosigner) -> byt
 
         async def fill() -> None:
             written, turn = 1, 0
-            while written < count:
+            while written < count - 1:
                 leaves: list[AuditRecord | Leaf] = []
-                while len(leaves) < min(4096, count - written):
+                while len(leaves) < min(4096, count - 1 - written):
                     sealed = generator.seal(results[turn % 8], log)
                     assert all(isinstance(o, AuditedOutput) for o in sealed)
                     leaves.extend(o.record for o in sealed if isinstance(o, AuditedOutput))
                     turn += 1
-                outcomes = await ledger.append_many_async(leaves[:count - written])
+                outcomes = await ledger.append_many_async(leaves[:count - 1 - written])
                 assert not [o for o in outcomes if isinstance(o, BaseException)]
                 written += len(outcomes)
 
         asyncio.run(fill())
+        _, last = v2_times(url)
+        restarted = dict(generator.environment(), created_at=(
+            last + timedelta(minutes=6)).isoformat(timespec="milliseconds") + "Z")
+        ledger.append(build_environment(
+            **{name: restarted[name] for name in (
+                "engine", "model", "hardware", "software", "tokenization_contract",
+                "generation_config_digest", "created_at")}))
         sealed = ledger.seal_checkpoint(signer, ORIGIN)
         assert sealed is not None and sealed.size == count
         note = sealed.note
     return add_cosignatures(note, [witness.cosign(Checkpoint.peek(note).body(),
                                                   1_790_000_000)])
+
+
+def v2_times(url: str) -> tuple[datetime, datetime]:
+    """The first and last time of the v2 records (leaf 0 is the engine's environment;
+    the records are those of the tenants)."""
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+        first, last = conn.execute("SELECT min(created_at), max(created_at) FROM records "
+                                   "WHERE tenant LIKE 'bank-%'").fetchone()
+    return datetime.fromisoformat(first), datetime.fromisoformat(last)
 
 
 def read_all_bundles(prefix: str, size: int) -> tuple[int, float]:
@@ -385,9 +405,13 @@ def main() -> None:
                           f"files): {entries:,} entries in {seconds:.1f} s = "
                           f"{entries / seconds:,.0f} entries/s (target >= 100,000/s)")
 
-                last = BASE + STEP * (count - 1)
-                since = BASE.isoformat()
-                until = (last - timedelta(minutes=5, seconds=1)).isoformat()
+                if args.format == "v2":  # every record: the last leaf closes the window
+                    first, last = v2_times(url)
+                    since, until = first.isoformat(), (last + STEP).isoformat()
+                else:
+                    last = BASE + STEP * (count - 1)
+                    since = BASE.isoformat()
+                    until = (last - timedelta(minutes=5, seconds=1)).isoformat()
                 for extra, what in (([], "time only"), (["--tenant", "bank-1"],
                                                         "tenant filter")
                                     ) if "query" in steps else ():

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from hashlib import sha256
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from ledger import merkle
 from ledger.canonical import parse_strict
@@ -459,6 +459,50 @@ def audit_scan(chunks: Iterable[ChunkT], row_of: Callable[[ChunkT, tuple[Any, ..
     return scan.finish()
 
 
+class ProvenRow(NamedTuple):
+    """A row a worker proved (``QuickRows.proof``) as it scanned a range of the mirror:
+    its leaf hash, whether its time is in the audit's range, and the environment it
+    names, which only a scan in leaf order can judge."""
+
+    leaf_index: int
+    leaf_hash: bytes
+    in_range: bool
+    environment: EnvironmentKey | None
+
+
+def audit_answers(answers: Iterable[ProvenRow | tuple[Any, ...]],
+                  row_of: Callable[[tuple[Any, ...]], MirrorRow],
+                  reread: Callable[[int], MirrorRow | None], checkpoint: Checkpoint,
+                  since: datetime, until: datetime, log_size: int | None = None,
+                  environments: Mapping[int, Mapping[str, Any]] | None = None
+                  ) -> AuditReport:
+    """``audit_scan`` over what workers found scanning the mirror by ranges (decision
+    0065), in leaf order: a ``ProvenRow`` for a covered row they proved, the raw row
+    (``row_of`` makes it a ``MirrorRow``) for any other. The findings are
+    ``audit_scan``'s: a proven row is counted as it counts one when it is the row next
+    in leaf order and the environment it names passes here; else it is read again
+    (``reread``; None: the row is gone since) and takes the full path."""
+    scan = _AuditScan(checkpoint, since, until, log_size, environments)
+    quick = QuickRows(checkpoint.origin, scan.layouts, scan.environment_leaves)
+    for answer in answers:
+        if type(answer) is ProvenRow:
+            if (answer.leaf_index == scan.expected < checkpoint.size
+                    and quick.environment_passes(answer.environment)):
+                scan.counted(answer.leaf_hash, answer.in_range)
+                continue
+            row = reread(answer.leaf_index)
+            if row is None:
+                scan.report.findings.append(AuditFinding(
+                    ROWS_MISSING, f"the mirror row of leaf {answer.leaf_index} was removed "
+                    "during the audit", answer.leaf_index))
+                return scan.report
+        else:
+            row = row_of(answer)
+        if not scan.check(row):
+            return scan.report
+    return scan.finish()
+
+
 class _AuditScan:
     """``audit_range``'s state, row by row in leaf order."""
 
@@ -476,10 +520,14 @@ class _AuditScan:
 
     def proven(self, leaf_hash: bytes, moment: datetime) -> None:
         """A covered row next in leaf order with no finding (``QuickRows``)."""
+        self.counted(leaf_hash, self.since <= moment < self.until)
+
+    def counted(self, leaf_hash: bytes, in_range: bool) -> None:
+        """``proven``, its time already placed in the range or not."""
         self.report.rows_checked += 1
         self.compact.append(leaf_hash)
         self.expected += 1
-        if self.since <= moment < self.until:
+        if in_range:
             self.report.in_range += 1
 
     def check(self, row: MirrorRow) -> bool:

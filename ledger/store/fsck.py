@@ -40,7 +40,7 @@ from ledger.leaves.batch_layouts import BatchLayouts
 from ledger.leaves.envelope import Leaf
 from ledger.leaves.stream_link import StartFacts
 from ledger.store.fsck_row import Finding, link_findings, row_findings
-from ledger.store.fsck_workers import Checked, Proven, RowWorkers
+from ledger.store.fsck_workers import Checked, Proven, RowWorkers, fsck_verdicts
 from ledger.store.log_api import (
     AnchoredCheckpoint,
     EvidenceLog,
@@ -197,7 +197,7 @@ class _RowChecks:
         """The rows in leaf order (each item's first value its leaf index), and how one
         is judged against its stored leaf: read here, or the workers' verdicts."""
         if workers is not None and workers.used(size):
-            return workers.verdicts(self.origin, size), self.judge_verdict
+            return fsck_verdicts(workers, self.origin, size), self.judge_verdict
         return _raw_rows(self.ledger), self.judge_raw
 
     def judge_raw(self, item: tuple[int, tuple[Any, ...], ScannedRows], leaf: bytes) -> None:

@@ -213,30 +213,12 @@ class SqlMirror:
         """``iter_records``'s rows raw, ``batch`` at a time, on the driver's own cursor:
         a whole-log scan converts only the values it needs (``ScannedRows``)."""
         dialect = self.engine.dialect
-        convert = [(at, process) for at, column in enumerate(_SCAN_COLUMNS)
-                   if (process := column.type.dialect_impl(dialect)
-                       .result_processor(dialect, None))]
-        # Every value but the time is converted at once (with SQLite and PostgreSQL none
-        # needs it), so the raw row holds what ``iter_records`` would; the time only on
-        # demand (``stored_time``: the rows of a batch share it).
-        timed = _SCAN_COLUMNS.index(records.c.created_at)
-        times = dict(convert).get(timed)
-        eager = [(at, process) for at, process in convert if at != timed]
-        lazy = [(timed, times)] if times is not None else []
+        eager, record_row, stored_time = self._raw_reading()
         mark = "%s" if dialect.name == "postgresql" else "?"
         sql = (f"SELECT {', '.join(c.name for c in _SCAN_COLUMNS)} FROM records "
                f"WHERE leaf_index >= {mark}" + (f" AND leaf_index < {mark}" if end is not None
                                                  else "")
                + f" ORDER BY leaf_index LIMIT {int(batch)}")
-
-        def record_row(raw: tuple[Any, ...]) -> RecordRow:
-            return _scanned_row(raw, lazy, None)
-
-        def stored_time(value: Any) -> datetime:
-            if times is None:
-                return value  # type: ignore[no-any-return]
-            return times(value)  # type: ignore[return-value]
-
         position = start
         while True:
             pooled = self.engine.raw_connection()
@@ -255,6 +237,38 @@ class SqlMirror:
             if len(found) < batch:
                 return
             position = int(found[-1][0]) + 1
+
+    def scanned(self, rows: Sequence[tuple[Any, ...]]) -> ScannedRows:
+        """Rows as ``scan_records`` of this database yields them raw (read by another
+        process: a worker of a whole-log scan), as that scan hands them out."""
+        _, record_row, stored_time = self._raw_reading()
+        return ScannedRows(rows, _TYPED_COLUMNS, record_row, stored_time)
+
+    def _raw_reading(self) -> tuple[list[tuple[int, Any]],
+                                    Callable[[tuple[Any, ...]], RecordRow],
+                                    Callable[[Any], datetime]]:
+        """How a raw row is read: the values converted at once (with SQLite and
+        PostgreSQL none needs it), so the raw row holds what ``iter_records`` would; how
+        it becomes a ``RecordRow``; and its time, converted only on demand
+        (``stored_time``: the rows of a batch share it)."""
+        dialect = self.engine.dialect
+        convert = [(at, process) for at, column in enumerate(_SCAN_COLUMNS)
+                   if (process := column.type.dialect_impl(dialect)
+                       .result_processor(dialect, None))]
+        timed = _SCAN_COLUMNS.index(records.c.created_at)
+        times = dict(convert).get(timed)
+        eager = [(at, process) for at, process in convert if at != timed]
+        lazy = [(timed, times)] if times is not None else []
+
+        def record_row(raw: tuple[Any, ...]) -> RecordRow:
+            return _scanned_row(raw, lazy, None)
+
+        def stored_time(value: Any) -> datetime:
+            if times is None:
+                return value  # type: ignore[no-any-return]
+            return times(value)  # type: ignore[return-value]
+
+        return eager, record_row, stored_time
 
 
 def _mirror_select() -> Any:

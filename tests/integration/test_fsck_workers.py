@@ -95,14 +95,14 @@ def test_a_worker_killed_mid_range_fails_fsck_instead_of_hanging(
     import signal
     import threading
 
-    from ledger.store.fsck_workers import WorkerLostError
+    from ledger.store.fsck_workers import WorkerLostError, fsck_verdicts
 
     _build(ledger_url, signer)
     workers = RowWorkers(ledger_url, workers=2, rows_per_range=1)
     outcome: list[BaseException | str] = []
 
     def run() -> None:
-        verdicts = workers.verdicts(ORIGIN, LAST + 1)
+        verdicts = fsck_verdicts(workers, ORIGIN, LAST + 1)
         try:
             next(verdicts)  # the pool is up and a range answered
             for child in multiprocessing.active_children():

@@ -24,6 +24,7 @@ from ledger.leaves.envelope import Leaf, envelope_bytes, tenant_tag
 from ledger.leaves.record_v2 import RECORD_KIND, EnvironmentRef, build_record_v2, row_data
 from ledger.publish.directory import DirectorySink
 from ledger.publish.worker import publish_latest
+from ledger.store import restore as restore_module
 from ledger.store.sql import SqlLedger
 from tests.integration.conftest import ORIGIN
 from tests.mixed_log import DRIVER_A, MODEL_A, append_all, environment, seal_cosigned, stamp
@@ -177,6 +178,8 @@ def test_restore_proves_the_usual_record_by_its_batch_layout(
         return full(data)
 
     monkeypatch.setattr(kinds, "parse_strict", counted)
+    # one core: the records are parsed in this process, where they are counted
+    monkeypatch.setattr(restore_module.os, "cpu_count", lambda: 1)
     code, err = _restore(capsys, published, f"sqlite:///{tmp_path / 'r.db'}", signer, witness)
     assert code == 0, err
     batches = (COUNT - 1 + BATCH - 1) // BATCH

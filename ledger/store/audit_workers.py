@@ -1,0 +1,85 @@
+"""``audit``'s row proofs spread over worker processes by ranges of leaf indexes
+(decision 0065; the pool is ``range_workers``).
+
+A worker proves each covered row of its range it can (``QuickRows.proof``) and answers
+a ``ProvenRow``; any other row (the first of each batch, which teaches the worker its
+batch's layout, a row the checkpoint does not cover, a row with something wrong) it
+answers raw, and the parent gives it the full path in leaf order
+(``ledger.audit.audit_answers``), so the findings are those of one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+from ledger.audit import ProvenRow, QuickRows, open_row
+from ledger.errors import LedgerError
+from ledger.leaves.batch_layouts import BatchLayouts
+from ledger.store.mirror import SqlMirror
+from ledger.store.range_workers import RangeJob, RowWorkers, read_only_engine
+
+READ_BATCH = 5000
+
+
+def audit_answers_of(workers: RowWorkers, size: int, origin: str, covered: int,
+                     since: datetime, until: datetime
+                     ) -> Iterator[ProvenRow | tuple[Any, ...]]:
+    """The workers' answers for every row of a log of ``size`` entries, in leaf order
+    (``covered``: the checkpoint's size; ``since``/``until``: the audit's range)."""
+    return workers.run(AUDIT_JOB, size, origin, covered, since, until)
+
+
+class _RangeAuditor:
+    """One worker's own reading and layouts (a worker is one thread)."""
+
+    def __init__(self, url: str, origin: str, covered: int, since: datetime,
+                 until: datetime) -> None:
+        self.origin, self.covered, self.since, self.until = origin, covered, since, until
+        self.mirror = SqlMirror(read_only_engine(url))
+        self.layouts = BatchLayouts()
+        self.quick = QuickRows(origin, self.layouts, {})  # environments: the parent's
+
+    def check(self, start: int, end: int | None) -> list[ProvenRow | tuple[Any, ...]]:
+        answers: list[ProvenRow | tuple[Any, ...]] = []
+        for chunk in self.mirror.scan_records(start, end, READ_BATCH):
+            typed, stored_time = chunk.typed, chunk.stored_time
+            for raw in chunk.rows:
+                if raw[0] < self.covered:
+                    proof = self.quick.proof(raw, typed, stored_time)
+                    if proof is not None:
+                        leaf_hash, moment, environment = proof
+                        answers.append(ProvenRow(raw[0], leaf_hash,
+                                                 self.since <= moment < self.until,
+                                                 environment))
+                        continue
+                self._learn(chunk.record_row(raw))
+                answers.append(tuple(bytes(v) if isinstance(v, memoryview) else v
+                                     for v in raw))
+        return answers
+
+    def _learn(self, row: Any) -> None:
+        """Open the row as the full path does, which teaches its batch's layout to the
+        rows after it; what is wrong with it is the parent's to say."""
+        try:
+            open_row(row.canonical, row.body, self.origin, layouts=self.layouts)
+        except LedgerError:
+            pass
+
+
+_auditor: _RangeAuditor | None = None  # this worker process's
+
+
+def _start_worker(url: str, origin: str, covered: int, since: datetime,
+                  until: datetime) -> None:
+    global _auditor
+    _auditor = _RangeAuditor(url, origin, covered, since, until)
+
+
+def _check_range(start: int, end: int | None) -> list[ProvenRow | tuple[Any, ...]]:
+    assert _auditor is not None, "a worker process starts with _start_worker"
+    return _auditor.check(start, end)
+
+
+AUDIT_JOB = RangeJob("audit", _start_worker, _check_range)

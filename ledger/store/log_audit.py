@@ -1,0 +1,45 @@
+"""``audit`` of a stored log: its mirror rows read in leaf order here, or proved by
+worker processes over ranges first (decision 0065), with the same findings."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from ledger.audit import AuditReport, MirrorRow, audit_answers, audit_scan
+from ledger.checkpoint import Checkpoint
+from ledger.store.audit_workers import audit_answers_of
+from ledger.store.log_api import ScannedRows
+from ledger.store.range_workers import RowWorkers
+from ledger.store.sql import SqlLedger
+
+
+def audit_log(ledger: SqlLedger, checkpoint: Checkpoint, since: datetime, until: datetime,
+              workers: RowWorkers | None = None) -> AuditReport:
+    """Every mirror row of ``ledger`` against ``checkpoint`` (signature-checked), the
+    records of [since, until) counted; ``workers``: processes proving the rows by ranges
+    when the log is large enough for them to pay (``RowWorkers.used``)."""
+    log_size, _ = ledger.tree_head()
+    environments = ledger.mirror.environments()
+    if workers is None or not workers.used(log_size):
+        return audit_scan(ledger.scan_records(), _row_of, checkpoint, since, until,
+                          log_size=log_size, environments=environments)
+
+    def reread(index: int) -> MirrorRow | None:
+        for chunk in ledger.scan_records(index, index + 1):
+            return _row_of(chunk, chunk.rows[0])
+        return None
+
+    answers = audit_answers_of(workers, log_size, checkpoint.origin, checkpoint.size,
+                               since, until)
+    return audit_answers(answers, lambda raw: _row_of(ledger.mirror.scanned([raw]), raw),
+                         reread, checkpoint, since, until, log_size=log_size,
+                         environments=environments)
+
+
+def _row_of(chunk: ScannedRows, raw: tuple[Any, ...]) -> MirrorRow:
+    """A raw row with every typed column: the audit recomputes each one."""
+    row = chunk.record_row(raw)
+    return MirrorRow(row.leaf_index, row.record_id, row.created_at, row.canonical,
+                     dict(row.columns, tenant=row.tenant,
+                          environment_index=row.environment_index), row.body)

@@ -1,0 +1,109 @@
+"""``audit`` with its row proofs spread over worker processes (decision 0065) reports
+exactly what one process reports: the same findings in the same order and words, the
+same counts of rows checked, in range and not yet covered. Defects are planted in
+different ranges, including ones only a scan in leaf order can judge (an environment
+named with another leaf's hash, a stream start the log lacks) and rows beyond the
+checkpoint and beyond the log."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from ledger.audit import AuditReport
+from ledger.checkpoint import NoteSigner
+from ledger.store.log_audit import audit_log
+from ledger.store.range_workers import RowWorkers
+from ledger.store.sql import SqlLedger
+from tests.cli_runs import cli_json
+from tests.integration.test_scan_layouts import (
+    BATCHES,
+    ROWS,
+    _build,
+    _edit_body_byte,
+    _environment,
+    _sql,
+)
+
+SIZE = 2 + BATCHES * ROWS  # leaves 0 and 1 are environments
+EVERYTHING = (datetime(2000, 1, 1), datetime(2100, 1, 1))
+
+
+@pytest.fixture(autouse=True)
+def verifier_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUDIT_LEDGER_HOME", str(tmp_path / "home"))
+
+
+def _audit(url: str, signer: NoteSigner, workers: RowWorkers | None,
+           window: tuple[datetime, datetime] = EVERYTHING) -> AuditReport:
+    with SqlLedger(url) as ledger:
+        latest = ledger.latest_checkpoint()
+        assert latest is not None
+        checkpoint = signer.verifier().open_checkpoint(latest.note, signer.verifier().name)
+        return audit_log(ledger, checkpoint, *window, workers)
+
+
+def _both(url: str, signer: NoteSigner, window: tuple[datetime, datetime] = EVERYTHING
+          ) -> AuditReport:
+    workers = RowWorkers(url, workers=3, rows_per_range=5)
+    assert workers.used(SIZE)
+    alone, spread = _audit(url, signer, None, window), _audit(url, signer, workers, window)
+    assert spread == alone
+    return alone
+
+
+def test_defects_across_ranges_are_found_as_by_one_process(
+        ledger_url: str, signer: NoteSigner) -> None:
+    _build(ledger_url, signer, forged_batch=2, streamed_batch=0)
+    with SqlLedger(ledger_url) as ledger:  # beyond the checkpoint: not yet covered
+        for name in ("NVIDIA L4", "NVIDIA L40S"):
+            ledger.append(_environment(name))
+    _sql(ledger_url, "UPDATE records SET tenant = 'tenant-7' WHERE leaf_index = 3")
+    _edit_body_byte(ledger_url)  # leaf 16
+    _sql(ledger_url, "UPDATE records SET leaf_index = :to WHERE leaf_index = :at",
+         to=SIZE + 20, at=SIZE + 1)  # the last range: a row beyond the log
+
+    report = _both(ledger_url, signer)
+
+    kinds = [finding.kind for finding in report.findings]
+    assert kinds[:2] == ["stream_start_mismatch", "column_mismatch"]  # leaves 2 and 3
+    assert {"record_unparseable", "environment_mismatch", "row_extra"} <= set(kinds)
+    # batch 2, and the environments row of the moved leaf
+    assert sum(kind == "environment_mismatch" for kind in kinds) == ROWS + 1
+    assert sum(kind == "stream_start_mismatch" for kind in kinds) == ROWS  # batch 0
+    assert report.uncovered == 1 and report.rows_checked == SIZE + 1
+
+
+def test_a_deleted_row_stops_both_at_the_same_leaf(ledger_url: str, signer: NoteSigner
+                                                    ) -> None:
+    _build(ledger_url, signer)
+    _sql(ledger_url, "DELETE FROM records WHERE leaf_index = 12")
+    report = _both(ledger_url, signer)
+    assert [(f.kind, f.leaf_index) for f in report.findings] == [("rows_missing", 12)]
+
+
+def test_a_clean_log_counts_the_same_records_in_a_window(ledger_url: str,
+                                                         signer: NoteSigner) -> None:
+    leaves = _build(ledger_url, signer)
+    assert _both(ledger_url, signer).ok
+    with SqlLedger(ledger_url) as ledger:
+        times = sorted({row.created_at for row in ledger.iter_records()})
+    # a window holding some of the records' times and not others
+    window = (times[len(times) // 2], datetime(2100, 1, 1)) if len(times) > 1 else \
+        (times[0], datetime(2100, 1, 1))
+    report = _both(ledger_url, signer, window)
+    assert report.ok and report.rows_checked == len(leaves)
+    assert 0 < report.in_range <= len(leaves)
+
+
+def test_the_cli_takes_a_worker_count_and_refuses_none(
+        ledger_url: str, signer: NoteSigner, capsys: pytest.CaptureFixture[str]) -> None:
+    _build(ledger_url, signer)
+    command = ("audit", "--db", ledger_url, "--from", "2000-01-01", "--to", "2100-01-01",
+               "--log-key", signer.verifier().encode(), "--no-state")
+    code, said = cli_json(capsys, *command, "--workers", "2")
+    assert code == 0 and said["complete"] and said["rows_checked"] == SIZE
+    code, said = cli_json(capsys, *command, "--workers", "0")
+    assert code != 0 and "--workers: give 1 or more" in str(said)

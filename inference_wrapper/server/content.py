@@ -120,8 +120,11 @@ async def _expire_periodically(vault: ContentVault, app: web.Application,
         try:
             erasures, held = await asyncio.to_thread(vault.expire, app[LEDGER])
             for erasure in erasures:
-                log.info("retention expiry erased %d records of tenant %s (erasure record %s)",
-                         len(erasure.records), erasure.tenant, erasure.erasure_record_id)
+                # a large expiry is logged in several erasure leaves: name them all
+                log.info("retention expiry erased %d records of tenant %s (erasure records "
+                         "%s)", len(erasure.records), erasure.tenant,
+                         ", ".join(erasure.erasure_record_ids or
+                                   (erasure.erasure_record_id or "none",)))
             for hold in held:
                 log.info("retention expiry kept records under legal hold %s", hold.hold_id)
         except Exception:  # a failed run is retried at the next interval

@@ -10,13 +10,13 @@ answers raw, and the parent gives it the full path in leaf order
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from datetime import datetime
 from typing import Any
 
 from ledger.audit import ProvenRow, QuickRows, open_row
-from ledger.errors import LedgerError
 from ledger.leaves.batch_layouts import BatchLayouts
+from ledger.store.log_api import ScannedRows
 from ledger.store.mirror import SqlMirror
 from ledger.store.range_workers import RangeJob, RowWorkers, read_only_engine
 
@@ -25,9 +25,10 @@ READ_BATCH = 5000
 
 def audit_answers_of(workers: RowWorkers, size: int, origin: str, covered: int,
                      since: datetime, until: datetime
-                     ) -> Iterator[ProvenRow | tuple[Any, ...]]:
-    """The workers' answers for every row of a log of ``size`` entries, in leaf order
-    (``covered``: the checkpoint's size; ``since``/``until``: the audit's range)."""
+                     ) -> Generator[ProvenRow | tuple[Any, ...], None, None]:
+    """The workers' answers for every row, in leaf order (``size``: where the rows
+    end, the last range open; ``covered``: the checkpoint's size; ``since``/``until``:
+    the audit's range)."""
     return workers.run(AUDIT_JOB, size, origin, covered, since, until)
 
 
@@ -47,24 +48,28 @@ class _RangeAuditor:
             typed, stored_time = chunk.typed, chunk.stored_time
             for raw in chunk.rows:
                 if raw[0] < self.covered:
-                    proof = self.quick.proof(raw, typed, stored_time)
+                    try:
+                        proof = self.quick.proof(raw, typed, stored_time)
+                    except Exception:  # noqa: BLE001 - the parent's full path says why
+                        proof = None
                     if proof is not None:
                         leaf_hash, moment, environment = proof
                         answers.append(ProvenRow(raw[0], leaf_hash,
                                                  self.since <= moment < self.until,
                                                  environment))
                         continue
-                self._learn(chunk.record_row(raw))
+                self._learn(chunk, raw)
                 answers.append(tuple(bytes(v) if isinstance(v, memoryview) else v
                                      for v in raw))
         return answers
 
-    def _learn(self, row: Any) -> None:
+    def _learn(self, chunk: ScannedRows, raw: tuple[Any, ...]) -> None:
         """Open the row as the full path does, which teaches its batch's layout to the
         rows after it; what is wrong with it is the parent's to say."""
         try:
+            row = chunk.record_row(raw)
             open_row(row.canonical, row.body, self.origin, layouts=self.layouts)
-        except LedgerError:
+        except Exception:  # noqa: BLE001 - the parent's full path says what is wrong
             pass
 
 

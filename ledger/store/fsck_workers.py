@@ -77,7 +77,10 @@ class _RangeChecker:
         for chunk in self.mirror.scan_records(start, end, READ_BATCH):
             typed, stored_time = chunk.typed, chunk.stored_time
             for raw in chunk.rows:
-                proof = self.quick.proof(raw, typed, stored_time)
+                try:
+                    proof = self.quick.proof(raw, typed, stored_time)
+                except Exception:  # noqa: BLE001 - ``checked`` or the parent says why
+                    proof = None
                 if proof is not None:
                     verdicts.append(Proven(raw[0], proof[0], proof[2]))
                 else:

@@ -3,6 +3,7 @@ worker processes over ranges first (decision 0065), with the same findings."""
 
 from __future__ import annotations
 
+from contextlib import closing
 from datetime import datetime
 from typing import Any
 
@@ -21,7 +22,10 @@ def audit_log(ledger: SqlLedger, checkpoint: Checkpoint, since: datetime, until:
     when the log is large enough for them to pay (``RowWorkers.used``)."""
     log_size, _ = ledger.tree_head()
     environments = ledger.mirror.environments()
-    if workers is None or not workers.used(log_size):
+    # The workers' ranges end with the rows stored (the last range is open): a tree
+    # size set far beyond them must not make millions of empty ranges.
+    rows_end = min(log_size, ledger.mirror.rows_end()) if workers is not None else 0
+    if workers is None or not workers.used(rows_end):
         return audit_scan(ledger.scan_records(), _row_of, checkpoint, since, until,
                           log_size=log_size, environments=environments)
 
@@ -30,11 +34,13 @@ def audit_log(ledger: SqlLedger, checkpoint: Checkpoint, since: datetime, until:
             return _row_of(chunk, chunk.rows[0])
         return None
 
-    answers = audit_answers_of(workers, log_size, checkpoint.origin, checkpoint.size,
-                               since, until)
-    return audit_answers(answers, lambda raw: _row_of(ledger.mirror.scanned([raw]), raw),
-                         reread, checkpoint, since, until, log_size=log_size,
-                         environments=environments)
+    # Closed however the scan ends, so no worker outlives it.
+    with closing(audit_answers_of(workers, rows_end, checkpoint.origin, checkpoint.size,
+                                  since, until)) as answers:
+        return audit_answers(answers,
+                             lambda raw: _row_of(ledger.mirror.scanned([raw]), raw), reread,
+                             checkpoint, since, until, log_size=log_size,
+                             environments=environments)
 
 
 def _row_of(chunk: ScannedRows, raw: tuple[Any, ...]) -> MirrorRow:

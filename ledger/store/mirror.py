@@ -67,6 +67,12 @@ class SqlMirror:
                                .where(records.c.leaf_index == leaf_index)).first()
         return _record_row(row) if row else None
 
+    def rows_end(self) -> int:
+        """One past the highest leaf index of any mirror row (0: none)."""
+        with self.engine.connect() as conn:
+            highest = conn.execute(select(func.max(records.c.leaf_index))).scalar()
+        return 0 if highest is None else int(highest) + 1
+
     def environments(self) -> dict[int, dict[str, Any]]:
         """Every ``environments`` row by its leaf index, as stored (``audit`` checks them
         against the leaves' bytes)."""

@@ -14,7 +14,7 @@ import multiprocessing
 import os
 import sqlite3
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -25,6 +25,7 @@ from sqlalchemy import Engine, create_engine, make_url
 from sqlalchemy.pool import StaticPool
 
 from ledger.errors import BackendUnavailableError
+from ledger.store.sql import make_engine
 
 ROWS_PER_RANGE = 25_000  # a worker's task: its start-up and reading are a small part
 MAX_WORKERS = 8  # beyond this the parent's share (tree, leaf comparisons) dominates
@@ -68,7 +69,9 @@ class RowWorkers:
 
     def ranges(self, size: int) -> list[tuple[int, int | None]]:
         """Leaf-index ranges covering every row from 0 on; the last is open (rows
-        beyond the log's size are the parent's to report)."""
+        beyond the log's size are the parent's to report). ``size``: where rows may
+        end; a caller bounds it by the rows stored (``SqlMirror.rows_end``), never by a
+        tree size alone, which the database's owner can set to anything."""
         starts = list(range(0, max(size, 1), self.rows_per_range))
         return [(start, starts[at + 1] if at + 1 < len(starts) else None)
                 for at, start in enumerate(starts)]
@@ -77,7 +80,7 @@ class RowWorkers:
         """Whether workers pay for this log: more than one of them and of its ranges."""
         return self.workers > 1 and len(self.ranges(size)) > 1
 
-    def run(self, job: RangeJob, size: int, *arguments: Any) -> Iterator[Any]:
+    def run(self, job: RangeJob, size: int, *arguments: Any) -> Generator[Any, None, None]:
         """Every answer of ``job`` over the ranges of a log of ``size``, in leaf order;
         each worker starts with ``job.start(url, *arguments)``."""
         ranges = iter(self.ranges(size))
@@ -107,15 +110,23 @@ class RowWorkers:
             except BrokenProcessPool as exc:  # broken before a range was handed out
                 raise WorkerLostError(pending[0][0] if pending else (0, None),
                                       job.name) from exc
+            finally:  # stopped early (a finding that ends the scan, an error): no more
+                pool.shutdown(wait=True, cancel_futures=True)
 
 
 def read_only_engine(url: str) -> Engine:
-    """The database at ``url`` for reading only: an SQLite file opened read-only (a
-    worker can neither write it nor create it), any other database as given."""
+    """The database at ``url`` for reading only, as the parent's ``SqlLedger`` reads it:
+    an SQLite file opened read-only (a worker can neither write it nor create it; a
+    ``file:`` URI as given, read-only too), PostgreSQL with the parent's own session
+    settings (``make_engine``: they replace any ``options`` of the URL or of PGOPTIONS,
+    so a worker's search path is the parent's and both read the same tables)."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite" or not parsed.database:
-        return create_engine(url, hide_parameters=True)
-    location = f"file:{quote(os.path.abspath(parsed.database))}?mode=ro"
+        return make_engine(url)
+    if str(parsed.query.get("uri", "")).lower() in ("true", "1"):
+        location = parsed.database + ("&" if "?" in parsed.database else "?") + "mode=ro"
+    else:
+        location = f"file:{quote(os.path.abspath(parsed.database))}?mode=ro"
 
     def connect() -> sqlite3.Connection:
         return sqlite3.connect(location, uri=True, check_same_thread=False)

@@ -107,3 +107,71 @@ def test_the_cli_takes_a_worker_count_and_refuses_none(
     assert code == 0 and said["complete"] and said["rows_checked"] == SIZE
     code, said = cli_json(capsys, *command, "--workers", "0")
     assert code != 0 and "--workers: give 1 or more" in str(said)
+
+
+# --- found by review: each of these failed (or crashed) with workers before its fix ---
+
+
+def test_workers_read_the_tables_the_parent_reads_whatever_the_url_options(
+        make_pg_database, signer: NoteSigner) -> None:  # type: ignore[no-untyped-def]
+    """A URL (or PGOPTIONS) setting a search path reached only the workers: the parent's
+    session options replace it. With an untampered copy of the records in another
+    schema, the workers proved the copy and the audit said COMPLETE over a tampered
+    table."""
+    from urllib.parse import quote
+
+    from sqlalchemy import create_engine, text
+
+    from ledger.store.migrate import upgrade
+
+    url = str(make_pg_database())
+    upgrade(url)
+    _build(url, signer)
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE SCHEMA shadow"))
+        conn.execute(text("CREATE TABLE shadow.records AS SELECT * FROM public.records"))
+    engine.dispose()
+    _sql(url, "UPDATE records SET tenant = 'tenant-7' WHERE leaf_index = 12")
+    shadowed = url + "?options=" + quote("-csearch_path=shadow,public")
+    report = _both(shadowed, signer)
+    assert [(f.kind, f.leaf_index, f.column) for f in report.findings] == [
+        ("column_mismatch", 12, "tenant")]
+
+
+def test_a_tree_size_far_beyond_the_rows_costs_no_empty_ranges(
+        ledger_url: str, signer: NoteSigner, capsys: pytest.CaptureFixture[str]) -> None:
+    """The database's owner can set the tree size to anything: the workers' ranges end
+    with the rows stored (at 2**63 - 1 the list of ranges raised MemoryError)."""
+    _build(ledger_url, signer)
+    _sql(ledger_url, "UPDATE tree_state SET size = :s", s=2**63 - 1)
+    command = ("audit", "--db", ledger_url, "--from", "2000-01-01", "--to", "2100-01-01",
+               "--log-key", signer.verifier().encode(), "--no-state", "--workers")
+    alone, spread = cli_json(capsys, *command, "1"), cli_json(capsys, *command, "2")
+    assert spread == alone
+    assert alone[0] == 0 and alone[1]["rows_checked"] == SIZE
+
+
+def test_a_row_no_worker_can_read_is_left_to_the_parent(tmp_path: Path,
+                                                        signer: NoteSigner) -> None:
+    """SQLite keeps a text body in a BLOB column: a worker's proof raised on it and
+    failed its whole range, where one process stops first at a deleted row before it."""
+    from ledger.store.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade(url)
+    _build(url, signer)
+    _sql(url, "DELETE FROM records WHERE leaf_index = 6")
+    _sql(url, "UPDATE records SET body = 'abc' WHERE leaf_index = 8")
+    report = _both(url, signer)
+    assert [(f.kind, f.leaf_index) for f in report.findings] == [("rows_missing", 6)]
+
+
+def test_workers_open_an_sqlite_uri_as_the_parent_does(tmp_path: Path,
+                                                      signer: NoteSigner) -> None:
+    from ledger.store.migrate import upgrade
+
+    path = tmp_path / "ledger.db"
+    upgrade(f"sqlite:///{path}")
+    _build(f"sqlite:///{path}", signer)
+    assert _both(f"sqlite:///file:{path}?uri=true", signer).ok

@@ -459,46 +459,50 @@ def audit_scan(chunks: Iterable[ChunkT], row_of: Callable[[ChunkT, tuple[Any, ..
     return scan.finish()
 
 
-class ProvenRow(NamedTuple):
-    """A row a worker proved (``QuickRows.proof``) as it scanned a range of the mirror:
-    its leaf hash, whether its time is in the audit's range, and the environment it
-    names, which only a scan in leaf order can judge."""
+class ProvenRun(NamedTuple):
+    """Consecutive covered rows a worker proved (``QuickRows.proof``) as it scanned a
+    range of the mirror, all naming the same environment (which only a scan in leaf
+    order can judge): the first's leaf index, their leaf hashes concatenated, and how
+    many of them have their own time in the audit's range."""
 
-    leaf_index: int
-    leaf_hash: bytes
-    in_range: bool
+    first: int
+    leaf_hashes: bytes
+    in_range: int
     environment: EnvironmentKey | None
 
 
-def audit_answers(answers: Iterable[ProvenRow | tuple[Any, ...]],
+def audit_answers(answers: Iterable[ProvenRun | tuple[Any, ...]],
                   row_of: Callable[[tuple[Any, ...]], MirrorRow],
                   reread: Callable[[int], MirrorRow | None], checkpoint: Checkpoint,
                   since: datetime, until: datetime, log_size: int | None = None,
                   environments: Mapping[int, Mapping[str, Any]] | None = None
                   ) -> AuditReport:
     """``audit_scan`` over what workers found scanning the mirror by ranges (decision
-    0065), in leaf order: a ``ProvenRow`` for a covered row they proved, the raw row
+    0065), in leaf order: a ``ProvenRun`` for covered rows they proved, the raw row
     (``row_of`` makes it a ``MirrorRow``) for any other. The findings are
-    ``audit_scan``'s: a proven row is counted as it counts one when it is the row next
-    in leaf order and the environment it names passes here; else it is read again
-    (``reread``; None: the row is gone since) and takes the full path."""
+    ``audit_scan``'s: a run's rows are counted as it counts them when the run starts at
+    the row next in leaf order and the environment it names passes here; else each of
+    its rows is read again (``reread``; None: the row is gone since) and takes the full
+    path, as ``audit_scan`` gives every row that fails those tests."""
     scan = _AuditScan(checkpoint, since, until, log_size, environments)
     quick = QuickRows(checkpoint.origin, scan.layouts, scan.environment_leaves)
     for answer in answers:
-        if type(answer) is ProvenRow:
-            if (answer.leaf_index == scan.expected < checkpoint.size
+        if type(answer) is ProvenRun:
+            count = len(answer.leaf_hashes) // 32
+            if (answer.first == scan.expected and scan.expected + count <= checkpoint.size
                     and quick.environment_passes(answer.environment)):
-                scan.counted(answer.leaf_hash, answer.in_range)
+                scan.counted_run(answer.leaf_hashes, count, answer.in_range)
                 continue
-            row = reread(answer.leaf_index)
-            if row is None:
-                scan.report.findings.append(AuditFinding(
-                    ROWS_MISSING, f"the mirror row of leaf {answer.leaf_index} was removed "
-                    "during the audit", answer.leaf_index))
-                return scan.report
-        else:
-            row = row_of(answer)
-        if not scan.check(row):
+            for index in range(answer.first, answer.first + count):
+                row = reread(index)
+                if row is None:
+                    scan.report.findings.append(AuditFinding(
+                        ROWS_MISSING, f"the mirror row of leaf {index} was removed during "
+                        "the audit", index))
+                    return scan.report
+                if not scan.check(row):
+                    return scan.report
+        elif not scan.check(row_of(answer)):
             return scan.report
     return scan.finish()
 
@@ -529,6 +533,13 @@ class _AuditScan:
         self.expected += 1
         if in_range:
             self.report.in_range += 1
+
+    def counted_run(self, leaf_hashes: bytes, count: int, in_range: int) -> None:
+        """``counted`` for ``count`` rows in a row (``ProvenRun``)."""
+        self.report.rows_checked += count
+        self.compact.extend(leaf_hashes)
+        self.expected += count
+        self.report.in_range += in_range
 
     def check(self, row: MirrorRow) -> bool:
         """The full path for one row; False once rows are missing (the scan stops)."""

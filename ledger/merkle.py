@@ -189,6 +189,22 @@ class CompactRange:
             created.append(((level, (self.size >> level) - 1), node_hash))
         return created
 
+    def extend(self, leaf_hashes: bytes) -> None:
+        """``append`` each of ``leaf_hashes`` (32-byte hashes, concatenated) in turn,
+        keeping none of the nodes they complete: a scan that only wants the root."""
+        border = self.border
+        assert border is not None
+        size = self.size
+        for at in range(0, len(leaf_hashes), 32):
+            node = leaf_hashes[at:at + 32]
+            size += 1
+            merged = size
+            while merged & 1 == 0:  # as in ``append``: each subtree the leaf completes
+                node = hash_children(border.pop(), node)
+                merged >>= 1
+            border.append(node)
+        self.size = size
+
     def root(self) -> bytes:
         assert self.border is not None
         return fold_range(self.border) if self.border else EMPTY_ROOT

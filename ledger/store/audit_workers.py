@@ -2,10 +2,12 @@
 (decision 0065; the pool is ``range_workers``).
 
 A worker proves each covered row of its range it can (``QuickRows.proof``) and answers
-a ``ProvenRow``; any other row (the first of each batch, which teaches the worker its
-batch's layout, a row the checkpoint does not cover, a row with something wrong) it
-answers raw, and the parent gives it the full path in leaf order
-(``ledger.audit.audit_answers``), so the findings are those of one process.
+consecutive proven rows naming one environment as one ``ProvenRun`` (their leaf hashes
+concatenated: little to pickle, and the parent extends its tree by them in one call).
+Any other row (the first of each batch, which teaches the worker its batch's layout, a
+row the checkpoint does not cover, a row with something wrong) it answers raw, and the
+parent gives it the full path in leaf order (``ledger.audit.audit_answers``), so the
+findings are those of one process.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Generator
 from datetime import datetime
 from typing import Any
 
-from ledger.audit import ProvenRow, QuickRows, open_row
+from ledger.audit import EnvironmentKey, ProvenRun, QuickRows, open_row
 from ledger.leaves.batch_layouts import BatchLayouts
 from ledger.store.log_api import ScannedRows
 from ledger.store.mirror import SqlMirror
@@ -25,7 +27,7 @@ READ_BATCH = 5000
 
 def audit_answers_of(workers: RowWorkers, size: int, origin: str, covered: int,
                      since: datetime, until: datetime
-                     ) -> Generator[ProvenRow | tuple[Any, ...], None, None]:
+                     ) -> Generator[ProvenRun | tuple[Any, ...], None, None]:
     """The workers' answers for every row, in leaf order (``size``: where the rows
     end, the last range open; ``covered``: the checkpoint's size; ``since``/``until``:
     the audit's range)."""
@@ -42,8 +44,9 @@ class _RangeAuditor:
         self.layouts = BatchLayouts()
         self.quick = QuickRows(origin, self.layouts, {})  # environments: the parent's
 
-    def check(self, start: int, end: int | None) -> list[ProvenRow | tuple[Any, ...]]:
-        answers: list[ProvenRow | tuple[Any, ...]] = []
+    def check(self, start: int, end: int | None) -> list[ProvenRun | tuple[Any, ...]]:
+        answers: list[ProvenRun | tuple[Any, ...]] = []
+        run = _Run()
         for chunk in self.mirror.scan_records(start, end, READ_BATCH):
             typed, stored_time = chunk.typed, chunk.stored_time
             for raw in chunk.rows:
@@ -54,13 +57,16 @@ class _RangeAuditor:
                         proof = None
                     if proof is not None:
                         leaf_hash, moment, environment = proof
-                        answers.append(ProvenRow(raw[0], leaf_hash,
-                                                 self.since <= moment < self.until,
-                                                 environment))
+                        if not run.continues(raw[0], environment):
+                            run.close(answers)
+                            run.open(raw[0], environment)
+                        run.add(leaf_hash, self.since <= moment < self.until)
                         continue
+                run.close(answers)
                 self._learn(chunk, raw)
                 answers.append(tuple(bytes(v) if isinstance(v, memoryview) else v
                                      for v in raw))
+        run.close(answers)
         return answers
 
     def _learn(self, chunk: ScannedRows, raw: tuple[Any, ...]) -> None:
@@ -73,6 +79,31 @@ class _RangeAuditor:
             pass
 
 
+class _Run:
+    """The ``ProvenRun`` being gathered."""
+
+    def __init__(self) -> None:
+        self.first, self.hashes, self.in_range = 0, bytearray(), 0
+        self.environment: EnvironmentKey | None = None
+
+    def continues(self, index: int, environment: EnvironmentKey | None) -> bool:
+        return (bool(self.hashes) and index == self.first + len(self.hashes) // 32
+                and environment == self.environment)
+
+    def open(self, index: int, environment: EnvironmentKey | None) -> None:
+        self.first, self.environment = index, environment
+
+    def add(self, leaf_hash: bytes, in_range: bool) -> None:
+        self.hashes += leaf_hash
+        self.in_range += in_range
+
+    def close(self, answers: list[ProvenRun | tuple[Any, ...]]) -> None:
+        if self.hashes:
+            answers.append(ProvenRun(self.first, bytes(self.hashes), self.in_range,
+                                     self.environment))
+        self.hashes, self.in_range = bytearray(), 0
+
+
 _auditor: _RangeAuditor | None = None  # this worker process's
 
 
@@ -82,7 +113,7 @@ def _start_worker(url: str, origin: str, covered: int, since: datetime,
     _auditor = _RangeAuditor(url, origin, covered, since, until)
 
 
-def _check_range(start: int, end: int | None) -> list[ProvenRow | tuple[Any, ...]]:
+def _check_range(start: int, end: int | None) -> list[ProvenRun | tuple[Any, ...]]:
     assert _auditor is not None, "a worker process starts with _start_worker"
     return _auditor.check(start, end)
 

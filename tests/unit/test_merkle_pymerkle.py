@@ -32,3 +32,23 @@ def test_roots_and_proofs_agree_with_pymerkle_for_sizes_1_to_300() -> None:
                 verify_consistency(ours.root(m), root, theirs.prove_consistency(m, n))
                 merkle.verify_consistency(m, n, ours.consistency_proof(m),
                                           theirs.get_state(m), theirs.get_state(n))
+
+
+def test_extending_a_compact_range_by_runs_gives_pymerkles_roots() -> None:
+    """``CompactRange.extend`` (runs of leaf hashes, as audit's workers send them) from
+    any starting size gives the root pymerkle gives, as appending one by one does."""
+    theirs = InmemoryTree(algorithm="sha256")
+    leaves = [merkle.hash_leaf(f"record {n}".encode()) for n in range(1, 301)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for n in range(1, 301):
+            theirs.append_entry(f"record {n}".encode())
+        for start in (0, 1, 5, 64, 127, 200):
+            for length in (0, 1, 2, 3, 31, 64, 100):
+                end = min(start + length, 300)
+                compact = merkle.CompactRange()
+                for leaf in leaves[:start]:
+                    compact.append(leaf)
+                compact.extend(b"".join(leaves[start:end]))
+                assert compact.size == end
+                assert compact.root() == (theirs.get_state(end) if end else merkle.EMPTY_ROOT)

@@ -25,6 +25,7 @@ from tests.integration.test_scan_layouts import (
     _edit_body_byte,
     _environment,
     _sql,
+    shadow_copy,
 )
 
 SIZE = 2 + BATCHES * ROWS  # leaves 0 and 1 are environments
@@ -112,28 +113,19 @@ def test_the_cli_takes_a_worker_count_and_refuses_none(
 # --- found by review: each of these failed (or crashed) with workers before its fix ---
 
 
-def test_workers_read_the_tables_the_parent_reads_whatever_the_url_options(
-        make_pg_database, signer: NoteSigner) -> None:  # type: ignore[no-untyped-def]
+def test_workers_read_the_tables_the_parent_reads_whatever_the_url_options(  # type: ignore[no-untyped-def]
+        make_pg_database, signer: NoteSigner) -> None:
     """A URL (or PGOPTIONS) setting a search path reached only the workers: the parent's
     session options replace it. With an untampered copy of the records in another
     schema, the workers proved the copy and the audit said COMPLETE over a tampered
     table."""
-    from urllib.parse import quote
-
-    from sqlalchemy import create_engine, text
-
     from ledger.store.migrate import upgrade
 
     url = str(make_pg_database())
     upgrade(url)
     _build(url, signer)
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text("CREATE SCHEMA shadow"))
-        conn.execute(text("CREATE TABLE shadow.records AS SELECT * FROM public.records"))
-    engine.dispose()
+    shadowed = shadow_copy(url)
     _sql(url, "UPDATE records SET tenant = 'tenant-7' WHERE leaf_index = 12")
-    shadowed = url + "?options=" + quote("-csearch_path=shadow,public")
     report = _both(shadowed, signer)
     assert [(f.kind, f.leaf_index, f.column) for f in report.findings] == [
         ("column_mismatch", 12, "tenant")]

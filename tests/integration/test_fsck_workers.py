@@ -14,7 +14,13 @@ from ledger.store.fsck import RowWorkers, fsck
 from ledger.store.sql import SqlLedger
 from tests.cli_runs import cli_json
 from tests.integration.conftest import ORIGIN
-from tests.integration.test_scan_layouts import ROWS, _build, _edit_body_byte, _sql
+from tests.integration.test_scan_layouts import (
+    ROWS,
+    _build,
+    _edit_body_byte,
+    _sql,
+    shadow_copy,
+)
 
 # Leaves: 0 and 1 environments, then batches of ROWS: 2..9 streamed (naming starts the
 # log lacks), 10..17 plain, 18..25 naming leaf 0 with leaf 1's hash. Ranges of 5 rows.
@@ -121,27 +127,18 @@ def test_a_worker_killed_mid_range_fails_fsck_instead_of_hanging(
     assert "nothing is concluded" in str(outcome[0])
 
 
-def test_workers_read_the_tables_the_parent_reads_whatever_the_url_options(
-        make_pg_database, signer: NoteSigner) -> None:  # type: ignore[no-untyped-def]
+def test_workers_read_the_tables_the_parent_reads_whatever_the_url_options(  # type: ignore[no-untyped-def]
+        make_pg_database, signer: NoteSigner) -> None:
     """Found by review of ``audit``'s workers, which share this pool: a URL setting a
     search path reached only the workers, so they checked another schema's rows."""
-    from urllib.parse import quote
-
-    from sqlalchemy import create_engine, text
-
     from ledger.store.migrate import upgrade
     from tests.integration.test_scan_layouts import BATCHES
 
     url = str(make_pg_database())
     upgrade(url)
     _build(url, signer)
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text("CREATE SCHEMA shadow"))
-        conn.execute(text("CREATE TABLE shadow.records AS SELECT * FROM public.records"))
-    engine.dispose()
+    shadowed = shadow_copy(url)
     _sql(url, "UPDATE records SET tenant = 'tenant-7' WHERE leaf_index = 12")
-    shadowed = url + "?options=" + quote("-csearch_path=shadow,public")
     workers = RowWorkers(shadowed, workers=3, rows_per_range=5)
     assert workers.used(2 + BATCHES * ROWS)
     alone = _findings(shadowed, signer, None)

@@ -89,6 +89,22 @@ def _sql(url: str, statement: str, **values: Any) -> None:
         conn.execute(text(statement), values)
 
 
+def shadow_copy(url: str) -> str:
+    """An untampered copy of a PostgreSQL log's records in another schema, and a URL
+    whose options put that schema first on the search path (for tests that each reader
+    sees the tables the others see)."""
+    from urllib.parse import quote
+
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE SCHEMA shadow"))
+        conn.execute(text("CREATE TABLE shadow.records AS SELECT * FROM public.records"))
+    engine.dispose()
+    return url + "?options=" + quote("-csearch_path=shadow,public")
+
+
 def _stored_body(url: str, leaf_index: int) -> bytes:
     with SqlLedger(url) as ledger:
         row = ledger.record_at(leaf_index)

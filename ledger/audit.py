@@ -488,7 +488,9 @@ def audit_answers(answers: Iterable[ProvenRun | tuple[Any, ...]],
     quick = QuickRows(checkpoint.origin, scan.layouts, scan.environment_leaves)
     for answer in answers:
         if type(answer) is ProvenRun:
-            count = len(answer.leaf_hashes) // 32
+            count, rest = divmod(len(answer.leaf_hashes), 32)
+            if rest or not 0 <= answer.in_range <= count or type(answer.first) is not int:
+                raise ValueError("a worker answered a malformed run of proven rows")
             if (answer.first == scan.expected and scan.expected + count <= checkpoint.size
                     and quick.environment_passes(answer.environment)):
                 scan.counted_run(answer.leaf_hashes, count, answer.in_range)

@@ -50,7 +50,9 @@ class _RangeAuditor:
         for chunk in self.mirror.scan_records(start, end, READ_BATCH):
             typed, stored_time = chunk.typed, chunk.stored_time
             for raw in chunk.rows:
-                if raw[0] < self.covered:
+                # Only a stored index that is an integer can be part of a run; any other
+                # (SQLite keeps what it is given) is the parent's to read as one process.
+                if type(raw[0]) is int and raw[0] < self.covered:
                     try:
                         proof = self.quick.proof(raw, typed, stored_time)
                     except Exception:  # noqa: BLE001 - the parent's full path says why

@@ -24,7 +24,8 @@ def audit_log(ledger: SqlLedger, checkpoint: Checkpoint, since: datetime, until:
     environments = ledger.mirror.environments()
     # The workers' ranges end with the rows stored (the last range is open): a tree
     # size set far beyond them must not make millions of empty ranges.
-    rows_end = min(log_size, ledger.mirror.rows_end()) if workers is not None else 0
+    stored_end = ledger.mirror.rows_end() if workers is not None else 0
+    rows_end = log_size if stored_end is None else min(log_size, stored_end)
     if workers is None or not workers.used(rows_end):
         return audit_scan(ledger.scan_records(), _row_of, checkpoint, since, until,
                           log_size=log_size, environments=environments)

@@ -67,11 +67,17 @@ class SqlMirror:
                                .where(records.c.leaf_index == leaf_index)).first()
         return _record_row(row) if row else None
 
-    def rows_end(self) -> int:
-        """One past the highest leaf index of any mirror row (0: none)."""
+    def rows_end(self) -> int | None:
+        """One past the highest leaf index of any mirror row (0: none; None: the highest
+        stored is no number, as SQLite lets a tampered row hold)."""
         with self.engine.connect() as conn:
             highest = conn.execute(select(func.max(records.c.leaf_index))).scalar()
-        return 0 if highest is None else int(highest) + 1
+        if highest is None:
+            return 0
+        try:
+            return int(highest) + 1
+        except (TypeError, ValueError):
+            return None
 
     def environments(self) -> dict[int, dict[str, Any]]:
         """Every ``environments`` row by its leaf index, as stored (``audit`` checks them

@@ -167,3 +167,18 @@ def test_workers_open_an_sqlite_uri_as_the_parent_does(tmp_path: Path,
     upgrade(f"sqlite:///{path}")
     _build(f"sqlite:///{path}", signer)
     assert _both(f"sqlite:///file:{path}?uri=true", signer).ok
+
+
+@pytest.mark.parametrize("stored", [7.5, "'x'"], ids=["a real", "text"])
+def test_a_leaf_index_sqlite_keeps_as_no_integer_is_read_as_by_one_process(
+        stored: object, tmp_path: Path, signer: NoteSigner) -> None:
+    """SQLite keeps whatever a tampering UPDATE gives a column. A row at 7.5 broke the
+    workers' runs (TypeError); a text index broke the end of their ranges (ValueError).
+    Both are now the parent's to read, row by row, as one process reads them."""
+    from ledger.store.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade(url)
+    _build(url, signer)
+    _sql(url, f"UPDATE records SET leaf_index = {stored} WHERE leaf_index = 7")
+    _both(url, signer)

@@ -70,8 +70,8 @@ class RowWorkers:
     def ranges(self, size: int) -> list[tuple[int, int | None]]:
         """Leaf-index ranges covering every row from 0 on; the last is open (rows
         beyond the log's size are the parent's to report). ``size``: where rows may
-        end; a caller bounds it by the rows stored (``SqlMirror.rows_end``), never by a
-        tree size alone, which the database's owner can set to anything."""
+        end; ``audit`` bounds it by the rows stored (``SqlMirror.rows_end``), since the
+        database's owner can set the tree size to anything."""
         starts = list(range(0, max(size, 1), self.rows_per_range))
         return [(start, starts[at + 1] if at + 1 < len(starts) else None)
                 for at, start in enumerate(starts)]

@@ -35,11 +35,11 @@ def audit_log(ledger: SqlLedger, checkpoint: Checkpoint, since: datetime, until:
             return _row_of(chunk, chunk.rows[0])
         return None
 
+    reading = ledger.mirror.scanned(())  # how a worker's raw row is read, made once
     # Closed however the scan ends, so no worker outlives it.
     with closing(audit_answers_of(workers, rows_end, checkpoint.origin, checkpoint.size,
                                   since, until)) as answers:
-        return audit_answers(answers,
-                             lambda raw: _row_of(ledger.mirror.scanned([raw]), raw), reread,
+        return audit_answers(answers, lambda raw: _row_of(reading, raw), reread,
                              checkpoint, since, until, log_size=log_size,
                              environments=environments)
 

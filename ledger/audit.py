@@ -37,9 +37,12 @@ from ledger.record import AuditRecord, mirror_columns, validate_body
 # Finding kinds (stable names, listed in the README):
 COLUMN_MISMATCH = "column_mismatch"  # a typed column disagrees with the record's bytes
 RECORD_UNPARSEABLE = "record_unparseable"  # stored bytes are not a canonical v1 record
-ROWS_MISSING = "rows_missing"  # leaves the checkpoint covers have no mirror row
+ROWS_MISSING = "rows_missing"  # leaves the checkpoint or the log's size covers have no row
 ROW_EXTRA = "row_extra"  # a mirror row beyond the log's size
 ROOT_MISMATCH = "root_mismatch"  # the rebuilt root is not the signed one
+# A stored value is not of its column's type (SQLite keeps whatever a tampering UPDATE
+# gives a column): a leaf index 7.5 or 'x', a text body, a created_at that is no time.
+ROW_MALFORMED = "row_malformed"
 # An environments row disagrees with its environment leaf's bytes, is missing, names no
 # environment leaf, or a v2 record names a leaf that is no environment.
 ENVIRONMENT_MISMATCH = "environment_mismatch"
@@ -450,11 +453,15 @@ def audit_scan(chunks: Iterable[ChunkT], row_of: Callable[[ChunkT, tuple[Any, ..
         typed, stored_time = chunk.typed, chunk.stored_time
         for raw in chunk.rows:
             if raw[0] == scan.expected and raw[0] < checkpoint.size:  # covered, in order
-                proven = quick.leaf_hash(raw, typed, stored_time)
+                try:
+                    proven = quick.leaf_hash(raw, typed, stored_time)
+                except Exception:  # noqa: BLE001 - a malformed row: the full path names it
+                    proven = None
                 if proven is not None:
                     scan.proven(*proven)
                     continue
-            if not scan.check(row_of(chunk, raw)):
+            row = scan.read(raw, lambda: row_of(chunk, raw))  # noqa: B023 - called at once
+            if row is None or not scan.check(row):
                 return scan.report
     return scan.finish()
 
@@ -496,7 +503,11 @@ def audit_answers(answers: Iterable[ProvenRun | tuple[Any, ...]],
                 scan.counted_run(answer.leaf_hashes, count, answer.in_range)
                 continue
             for index in range(answer.first, answer.first + count):
-                row = reread(index)
+                try:
+                    row = reread(index)
+                except Exception as exc:  # noqa: BLE001 - named as one process names it
+                    scan.malformed(index, None, _unreadable(exc))
+                    return scan.report
                 if row is None:
                     scan.report.findings.append(AuditFinding(
                         ROWS_MISSING, f"the mirror row of leaf {index} was removed during "
@@ -504,9 +515,16 @@ def audit_answers(answers: Iterable[ProvenRun | tuple[Any, ...]],
                     return scan.report
                 if not scan.check(row):
                     return scan.report
-        elif not scan.check(row_of(answer)):
-            return scan.report
+        else:
+            row = scan.read(answer, lambda: row_of(answer))  # noqa: B023 - called at once
+            if row is None or not scan.check(row):
+                return scan.report
     return scan.finish()
+
+
+def _unreadable(exc: Exception) -> str:
+    """A conversion's failure, by its type only: its text can quote stored values."""
+    return f"a stored value is not of its column's type ({type(exc).__name__})"
 
 
 class _AuditScan:
@@ -523,6 +541,28 @@ class _AuditScan:
         self.layouts = BatchLayouts()  # opens most records by their batch's layout
         self.compact = merkle.CompactRange()
         self.expected = 0
+        self.uncovered_end = checkpoint.size  # one past the last row beyond the checkpoint
+
+    def read(self, raw: Sequence[Any], make: Callable[[], MirrorRow]) -> MirrorRow | None:
+        """The row ``make`` reads from ``raw`` (leaf index, record id, ...), or None
+        after a ``row_malformed`` finding that ends the scan: a value not of its column's
+        type is named, never read as another (a leaf index 7.5 as leaf 7) nor a crash."""
+        if type(raw[0]) is not int:
+            self.malformed(None, raw[1], f"its leaf index is stored as {raw[0]!r}, not "
+                           "an integer")
+            return None
+        try:
+            return make()
+        except Exception as exc:  # noqa: BLE001 - any value the driver cannot convert
+            self.malformed(raw[0], raw[1], _unreadable(exc))
+            return None
+
+    def malformed(self, index: int | None, record_id: Any, problem: str) -> None:
+        where = f"leaf {index}" if index is not None else "a mirror row"
+        named = f" (record {record_id})" if isinstance(record_id, str) else ""
+        self.report.findings.append(AuditFinding(
+            ROW_MALFORMED, f"{where}{named}: {problem}", index,
+            record_id if isinstance(record_id, str) else None))
 
     def proven(self, leaf_hash: bytes, moment: datetime) -> None:
         """A covered row next in leaf order with no finding (``QuickRows``)."""
@@ -544,7 +584,15 @@ class _AuditScan:
         self.report.in_range += in_range
 
     def check(self, row: MirrorRow) -> bool:
-        """The full path for one row; False once rows are missing (the scan stops)."""
+        """The full path for one row; False once rows are missing or a row cannot be
+        read (the scan stops)."""
+        try:
+            return self._check(row)
+        except Exception as exc:  # noqa: BLE001 - a value of another type (text bytes)
+            self.malformed(row.leaf_index, row.record_id, _unreadable(exc))
+            return False
+
+    def _check(self, row: MirrorRow) -> bool:
         checkpoint, report = self.checkpoint, self.report
         if self.log_size is not None and row.leaf_index >= max(self.log_size,
                                                                 checkpoint.size):
@@ -559,6 +607,12 @@ class _AuditScan:
         moment = _check_row(row, report, checkpoint.origin, self.environments,
                             self.environment_leaves, self.starts, self.layouts)
         if row.leaf_index >= checkpoint.size:
+            if self.expected == checkpoint.size and row.leaf_index > self.uncovered_end:
+                # Not covered yet, but the log has these leaves: their rows are owed.
+                report.findings.append(AuditFinding(
+                    ROWS_MISSING, f"mirror rows missing for leaves {self.uncovered_end}.."
+                    f"{row.leaf_index - 1}", self.uncovered_end))
+            self.uncovered_end = max(self.uncovered_end, row.leaf_index + 1)
             if self.since <= row.created_at < self.until:
                 report.uncovered += 1
             return True
@@ -586,6 +640,13 @@ class _AuditScan:
                 f"mirror rows missing for leaves {expected}..{checkpoint.size - 1}",
                 expected))
             return report
+        if self.log_size is not None and self.uncovered_end < self.log_size:
+            # The stored tree size names leaves no row stands for (at its tail): owed,
+            # whatever that size says (it can be set to anything).
+            report.findings.append(AuditFinding(
+                ROWS_MISSING, f"mirror rows missing for leaves {self.uncovered_end}.."
+                f"{self.log_size - 1}: the log's stored size is {self.log_size}",
+                self.uncovered_end))
         root = self.compact.root()
         if root != checkpoint.root:
             report.findings.append(AuditFinding(

@@ -20,18 +20,18 @@ from ledger.audit import EnvironmentKey, ProvenRun, QuickRows, open_row
 from ledger.leaves.batch_layouts import BatchLayouts
 from ledger.store.log_api import ScannedRows
 from ledger.store.mirror import SqlMirror
-from ledger.store.range_workers import RangeJob, RowWorkers, read_only_engine
+from ledger.store.range_workers import RangeJob, RowWorkers, Span, read_only_engine
 
 READ_BATCH = 5000
 
 
-def audit_answers_of(workers: RowWorkers, size: int, origin: str, covered: int,
+def audit_answers_of(workers: RowWorkers, ranges: list[Span], origin: str, covered: int,
                      since: datetime, until: datetime
                      ) -> Generator[ProvenRun | tuple[Any, ...], None, None]:
-    """The workers' answers for every row, in leaf order (``size``: where the rows
-    end, the last range open; ``covered``: the checkpoint's size; ``since``/``until``:
-    the audit's range)."""
-    return workers.run(AUDIT_JOB, size, origin, covered, since, until)
+    """The workers' answers for every row, in leaf order (``ranges``:
+    ``RowWorkers.ranges``; ``covered``: the checkpoint's size; ``since``/``until``: the
+    audit's range)."""
+    return workers.run(AUDIT_JOB, ranges, origin, covered, since, until)
 
 
 class _RangeAuditor:

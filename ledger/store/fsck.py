@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ledger import merkle
 from ledger.audit import QuickRows
@@ -72,8 +72,18 @@ class FsckReport:
         return self.findings[0] if self.findings else None
 
 
+class WalkedLog(EvidenceLog, Protocol):
+    """A log ``fsck`` walks: where the next stored leaf hash and mirror row are, so a
+    stretch with nothing stored is skipped, not walked index by index (the stored tree
+    size, like any stored value, can be set to anything: 2**63 - 1 must not hang it)."""
+
+    def next_leaf_from(self, index: int) -> int | None: ...
+
+    def next_row_from(self, index: int) -> int | None: ...
+
+
 def fsck(
-    ledger: EvidenceLog,
+    ledger: WalkedLog,
     verifier: NoteVerifier,
     progress: Callable[[int, int], None] | None = None,
     workers: RowWorkers | None = None,
@@ -89,19 +99,42 @@ def fsck(
     wanted_sizes = {c.size for c in stored_checkpoints} | {a.size for a in anchor_rows}
     compact = merkle.CompactRange()
     rows = _RowChecks(ledger, verifier.name, report)
-    items, judge = rows.source(size, workers)
+    items, judge = rows.source(workers)
     item = next(items, None)
+    recomputed = True  # every leaf so far is in ``compact``: the tree can be recomputed
 
-    for start in range(0, size, BATCH):
+    start = 0
+    while start < size:
         end = min(start + BATCH, size)
         leaves = ledger.read_nodes([(0, i) for i in range(start, end)])
+        if not leaves and not _row_before(item, end):
+            # Nothing stored in the whole batch: the stretch up to the next leaf hash or
+            # row stored is one finding of each kind, and the tree beyond it is not
+            # recomputed (its leaves are not there to recompute it from).
+            resume = _next_stored(ledger, end, item, size)
+            span = f"leaves {start}..{resume - 1}"
+            report.findings.append(Finding("node_missing", span,
+                                           "no leaf hash for any of them"))
+            report.findings.append(Finding("record_missing", span,
+                                           "log entries with no mirror row"))
+            recomputed = False
+            start = resume
+            if progress:
+                progress(start, size)
+            continue
+        if leaves and len(leaves) < end - start:
+            # The batch ends early where nothing more is stored in it: what follows is
+            # a stretch for the next batch to report as one.
+            after = max(index for _, index in leaves) + 1
+            if after < end and _stored_from(ledger, after) >= end:
+                end = after
         created: list[tuple[merkle.Node, bytes]] = []
         for index in range(start, end):
             leaf = leaves.get((0, index))
             if leaf is None:
                 report.findings.append(Finding("node_missing", f"leaf {index}", "no leaf hash"))
                 leaf = bytes(32)
-            while item is not None and item[0] < index:  # rows the log does not have
+            while item is not None and _row_before(item, index):  # rows the log lacks
                 report.findings.append(Finding("record_extra", f"leaf {item[0]}",
                                                "mirror row with no log entry"))
                 item = next(items, None)
@@ -112,9 +145,10 @@ def fsck(
                 judge(item, leaf)
                 report.records_checked += 1
                 item = next(items, None)
-            created.extend(node for node in compact.append(leaf) if node[0][0] > 0)
-            if compact.size in wanted_sizes:
-                roots_at[compact.size] = compact.root()
+            if recomputed:
+                created.extend(node for node in compact.append(leaf) if node[0][0] > 0)
+                if compact.size in wanted_sizes:
+                    roots_at[compact.size] = compact.root()
         stored = ledger.read_nodes([key for key, _ in created])
         for key, expected in created:
             if stored.get(key) != expected:
@@ -124,6 +158,7 @@ def fsck(
                     f"stored {stored[key].hex() if key in stored else 'nothing'}, "
                     f"recomputed {expected.hex()}",
                 ))
+        start = end
         if progress:
             progress(end, size)
     while item is not None:
@@ -131,7 +166,7 @@ def fsck(
                                        "mirror row beyond the log's size"))
         item = next(items, None)
 
-    if compact.root() != stored_root:
+    if recomputed and compact.root() != stored_root:
         report.findings.append(Finding("root_mismatch", f"tree size {size}",
                                        f"stored {stored_root.hex()}, "
                                        f"recomputed {compact.root().hex()}"))
@@ -150,11 +185,11 @@ def fsck(
         elif checkpoint.size > size:
             report.findings.append(Finding("checkpoint_beyond_log", where,
                                            f"log has only {size} entries"))
-        elif roots_at.get(checkpoint.size, merkle.EMPTY_ROOT) != body.root:
+        elif _recomputed(roots_at, checkpoint.size) != body.root:
             report.findings.append(Finding(
                 "checkpoint_root_mismatch", where,
-                f"signed root {body.root.hex()}, recomputed "
-                f"{roots_at.get(checkpoint.size, merkle.EMPTY_ROOT).hex()}"))
+                f"signed root {body.root.hex()}, "
+                f"{_recomputed_text(roots_at, checkpoint.size)}"))
         signed[checkpoint.size] = body
     _check_anchors(anchor_rows, verifier, signed, known_checkpoints, roots_at, size, report)
     _check_cosignatures(ledger, known_checkpoints, report)
@@ -171,6 +206,30 @@ def fsck(
     return report
 
 
+def _row_before(item: Any, end: int) -> bool:
+    """Whether the next row (``item``) is one before leaf ``end``: a tampered index that
+    is a real (7.5) compares as a number, one that is text as no row here (it is
+    reported as extra after the walk)."""
+    return item is not None and type(item[0]) in (int, float) and item[0] < end
+
+
+def _next_stored(ledger: WalkedLog, index: int, item: Any, size: int) -> int:
+    """Where something is stored again from ``index`` on: the next leaf hash or the next
+    row (``item``), at most ``size``."""
+    following = [size, ledger.next_leaf_from(index)]
+    if item is not None and type(item[0]) in (int, float):
+        following.append(int(item[0]))
+    return max(index, min(at for at in following if at is not None))
+
+
+def _stored_from(ledger: WalkedLog, index: int) -> int | float:
+    """The lowest index at or after ``index`` with a leaf hash or a row stored (inf:
+    none)."""
+    found = [at for at in (ledger.next_leaf_from(index), ledger.next_row_from(index))
+             if at is not None]
+    return min(found, default=float("inf"))
+
+
 def _raw_rows(ledger: EvidenceLog, start: int = 0, end: int | None = None
               ) -> Iterator[tuple[int, tuple[Any, ...], ScannedRows]]:
     """Every mirror row raw, in leaf order, with the chunk that converts it."""
@@ -184,7 +243,7 @@ def _raw_rows(ledger: EvidenceLog, start: int = 0, end: int | None = None
 class _RowChecks:
     """The rows' checks in leaf order, and what they keep for the rows after them."""
 
-    def __init__(self, ledger: EvidenceLog, origin: str, report: FsckReport) -> None:
+    def __init__(self, ledger: WalkedLog, origin: str, report: FsckReport) -> None:
         self.ledger, self.origin, self.report = ledger, origin, report
         self.environment_leaves: dict[int, Leaf] = {}  # those seen so far
         self.starts: dict[str, StartFacts] = {}  # stream starts not yet completed
@@ -192,12 +251,14 @@ class _RowChecks:
         # Proves most rows from their raw values; every other row takes ``check``.
         self.quick = QuickRows(origin, self.layouts, self.environment_leaves)
 
-    def source(self, size: int, workers: RowWorkers | None
+    def source(self, workers: RowWorkers | None
                ) -> tuple[Iterator[Any], Callable[[Any, bytes], None]]:
         """The rows in leaf order (each item's first value its leaf index), and how one
         is judged against its stored leaf: read here, or the workers' verdicts."""
-        if workers is not None and workers.used(size):
-            return fsck_verdicts(workers, self.origin, size), self.judge_verdict
+        if workers is not None:
+            ranges = workers.ranges(self.ledger.next_row_from)
+            if workers.used(ranges):
+                return fsck_verdicts(workers, self.origin, ranges), self.judge_verdict
         return _raw_rows(self.ledger), self.judge_raw
 
     def judge_raw(self, item: tuple[int, tuple[Any, ...], ScannedRows], leaf: bytes) -> None:
@@ -243,6 +304,19 @@ class _RowChecks:
         if opened is not None:
             self.report.findings.extend(link_findings(
                 opened, row.leaf_index, where, self.environment_leaves, self.starts))
+
+
+def _recomputed(roots_at: dict[int, bytes], size: int) -> bytes | None:
+    """The root recomputed at ``size``; None: leaves before it are missing, so it was
+    not recomputed (``fsck`` stops the tree at a stretch with nothing stored)."""
+    return roots_at.get(size, merkle.EMPTY_ROOT if size == 0 else None)
+
+
+def _recomputed_text(roots_at: dict[int, bytes], size: int) -> str:
+    root = _recomputed(roots_at, size)
+    if root is None:
+        return "not recomputed: leaves before it are missing"
+    return f"recomputed {root.hex()}"
 
 
 def _altered(index: int, record_id: str) -> Finding:
@@ -297,8 +371,8 @@ def _check_anchors(anchor_rows: list[AnchoredCheckpoint], verifier: NoteVerifier
         if anchor.size > size:
             report.findings.append(Finding("anchor_beyond_log", where,
                                            f"log has only {size} entries"))
-        elif roots_at.get(anchor.size, merkle.EMPTY_ROOT) != body.root:
+        elif _recomputed(roots_at, anchor.size) != body.root:
             report.findings.append(Finding(
                 "anchor_root_mismatch", where,
-                f"anchored root {body.root.hex()}, recomputed "
-                f"{roots_at.get(anchor.size, merkle.EMPTY_ROOT).hex()}"))
+                f"anchored root {body.root.hex()}, "
+                f"{_recomputed_text(roots_at, anchor.size)}"))

@@ -24,6 +24,7 @@ from ledger.store.mirror import SqlMirror
 from ledger.store.range_workers import (
     RangeJob,
     RowWorkers,
+    Span,
     WorkerLostError,
     default_workers,
     read_only_engine,
@@ -57,10 +58,11 @@ class Checked(NamedTuple):
     leaf: Leaf | None
 
 
-def fsck_verdicts(workers: RowWorkers, origin: str, size: int
+def fsck_verdicts(workers: RowWorkers, origin: str, ranges: list[Span]
                   ) -> Iterator[Proven | Checked]:
-    """Every row's verdict in leaf order, from ``workers``."""
-    return workers.run(FSCK_JOB, size, origin)
+    """Every row's verdict in leaf order, from ``workers`` over ``ranges``
+    (``RowWorkers.ranges``)."""
+    return workers.run(FSCK_JOB, ranges, origin)
 
 
 class _RangeChecker:

@@ -22,11 +22,10 @@ def audit_log(ledger: SqlLedger, checkpoint: Checkpoint, since: datetime, until:
     when the log is large enough for them to pay (``RowWorkers.used``)."""
     log_size, _ = ledger.tree_head()
     environments = ledger.mirror.environments()
-    # The workers' ranges end with the rows stored (the last range is open): a tree
-    # size set far beyond them must not make millions of empty ranges.
-    stored_end = ledger.mirror.rows_end() if workers is not None else 0
-    rows_end = log_size if stored_end is None else min(log_size, stored_end)
-    if workers is None or not workers.used(rows_end):
+    # The workers' ranges follow the rows stored (``RowWorkers.ranges``), never the
+    # stored tree size: that can be set to anything.
+    ranges = workers.ranges(ledger.mirror.next_row_from) if workers is not None else []
+    if workers is None or not workers.used(ranges):
         return audit_scan(ledger.scan_records(), _row_of, checkpoint, since, until,
                           log_size=log_size, environments=environments)
 
@@ -37,7 +36,7 @@ def audit_log(ledger: SqlLedger, checkpoint: Checkpoint, since: datetime, until:
 
     reading = ledger.mirror.scanned(())  # how a worker's raw row is read, made once
     # Closed however the scan ends, so no worker outlives it.
-    with closing(audit_answers_of(workers, rows_end, checkpoint.origin, checkpoint.size,
+    with closing(audit_answers_of(workers, ranges, checkpoint.origin, checkpoint.size,
                                   since, until)) as answers:
         return audit_answers(answers, lambda raw: _row_of(reading, raw), reread,
                              checkpoint, since, until, log_size=log_size,

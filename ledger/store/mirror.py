@@ -67,17 +67,14 @@ class SqlMirror:
                                .where(records.c.leaf_index == leaf_index)).first()
         return _record_row(row) if row else None
 
-    def rows_end(self) -> int | None:
-        """One past the highest leaf index of any mirror row (0: none; None: the highest
-        stored is no number, as SQLite lets a tampered row hold)."""
+    def next_row_from(self, index: int) -> int | None:
+        """The lowest leaf index of a mirror row at or after ``index`` (an index seek);
+        None if there is none, or if it is stored as no integer (as SQLite lets a
+        tampered row hold): whole-log scans place their ranges by it."""
         with self.engine.connect() as conn:
-            highest = conn.execute(select(func.max(records.c.leaf_index))).scalar()
-        if highest is None:
-            return 0
-        try:
-            return int(highest) + 1
-        except (TypeError, ValueError):
-            return None
+            found = conn.execute(select(func.min(records.c.leaf_index))
+                                 .where(records.c.leaf_index >= index)).scalar()
+        return found if type(found) is int else None
 
     def environments(self) -> dict[int, dict[str, Any]]:
         """Every ``environments`` row by its leaf index, as stored (``audit`` checks them

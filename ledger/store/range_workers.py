@@ -29,6 +29,9 @@ from ledger.store.sql import make_engine
 
 ROWS_PER_RANGE = 25_000  # a worker's task: its start-up and reading are a small part
 MAX_WORKERS = 8  # beyond this the parent's share (tree, leaf comparisons) dominates
+MAX_LEAF_INDEX = 2**63 - 1  # a BIGINT's largest: no range starts beyond it
+
+Span = tuple[int, int | None]  # leaf indexes [start, end), end None: to the last row
 
 
 class RangeJob(NamedTuple):
@@ -67,24 +70,34 @@ class RowWorkers:
     workers: int = 2
     rows_per_range: int = ROWS_PER_RANGE
 
-    def ranges(self, size: int) -> list[tuple[int, int | None]]:
-        """Leaf-index ranges covering every row from 0 on; the last is open (rows
-        beyond the log's size are the parent's to report). ``size``: where rows may
-        end; ``audit`` bounds it by the rows stored (``SqlMirror.rows_end``), since the
-        database's owner can set the tree size to anything."""
-        starts = list(range(0, max(size, 1), self.rows_per_range))
+    def ranges(self, next_row_from: Callable[[int], int | None]) -> list[Span]:
+        """Leaf-index ranges covering every row from 0 on, the last open (rows beyond
+        the log's size are the parent's to report). Each range starts at a stored row
+        (``next_row_from(i)``: the lowest leaf index of a row at or after ``i``, None if
+        none or unreadable), about ``rows_per_range`` after the one before: ranges follow
+        the rows stored, never a stored size or a stored index's mere value, since the
+        database's owner can set either to anything (2**63 - 1 must not mean millions of
+        empty ranges)."""
+        starts = [0]
+        while starts[-1] <= MAX_LEAF_INDEX - self.rows_per_range:
+            wanted = starts[-1] + self.rows_per_range
+            following = next_row_from(wanted)
+            if following is None or following < wanted:
+                break
+            starts.append(following)
         return [(start, starts[at + 1] if at + 1 < len(starts) else None)
                 for at, start in enumerate(starts)]
 
-    def used(self, size: int) -> bool:
-        """Whether workers pay for this log: more than one of them and of its ranges."""
-        return self.workers > 1 and len(self.ranges(size)) > 1
+    def used(self, ranges: list[Span]) -> bool:
+        """Whether workers pay for these ranges: more than one of them and of workers."""
+        return self.workers > 1 and len(ranges) > 1
 
-    def run(self, job: RangeJob, size: int, *arguments: Any) -> Generator[Any, None, None]:
-        """Every answer of ``job`` over the ranges of a log of ``size``, in leaf order;
-        each worker starts with ``job.start(url, *arguments)``."""
-        ranges = iter(self.ranges(size))
-        processes = min(self.workers, len(self.ranges(size)))
+    def run(self, job: RangeJob, ranges: list[Span], *arguments: Any
+            ) -> Generator[Any, None, None]:
+        """Every answer of ``job`` over ``ranges`` (``ranges``), in leaf order; each
+        worker starts with ``job.start(url, *arguments)``."""
+        processes = min(self.workers, len(ranges))
+        spans = iter(ranges)
         context = multiprocessing.get_context("spawn")  # no state of this process copied
         # An executor, not a multiprocessing.Pool: a worker killed mid-range (out of
         # memory, a signal) breaks it and every waiting result raises, where a Pool
@@ -93,7 +106,7 @@ class RowWorkers:
                                  initargs=(self.url, *arguments)) as pool:
             pending: deque[tuple[tuple[int, int | None], Future[list[Any]]]] = deque()
             try:
-                for span in ranges:
+                for span in spans:
                     pending.append((span, pool.submit(job.check, *span)))
                     if len(pending) >= 2 * processes:
                         break
@@ -103,7 +116,7 @@ class RowWorkers:
                         done = result.result()
                     except BrokenProcessPool as exc:
                         raise WorkerLostError(span, job.name) from exc
-                    following = next(ranges, None)
+                    following = next(spans, None)
                     if following is not None:
                         pending.append((following, pool.submit(job.check, *following)))
                     yield from done

@@ -75,6 +75,7 @@ from ledger.store.rows import RECORD_INSERT_COLUMNS, check_publishable, row_colu
 from ledger.store.schema import (
     checkpoints,
     environments,
+    tree_nodes,
     tree_state,
 )
 from ledger.store.sqlite_guard import guard_sqlite_engine
@@ -697,6 +698,15 @@ class SqlLedger(TreeProofs):
         with self.engine.connect() as conn:
             return _read_nodes(conn, keys)
 
+    def next_leaf_from(self, index: int) -> int | None:
+        """The lowest index of a stored leaf hash at or after ``index`` (an index seek);
+        None if there is none or it is stored as no integer. ``log fsck`` skips by it
+        what nothing is stored for, however large the stored tree size."""
+        with self.engine.connect() as conn:
+            found = conn.execute(select(func.min(tree_nodes.c.idx)).where(
+                tree_nodes.c.level == 0, tree_nodes.c.idx >= index)).scalar()
+        return found if type(found) is int else None
+
     # --- checkpoints ----------------------------------------------------------------
 
     def seal_checkpoint(self, signer: NoteSigner, origin: str, sealed_by: str | None = None,
@@ -787,6 +797,9 @@ class SqlLedger(TreeProofs):
     def scan_records(self, start: int = 0, end: int | None = None,
                      batch: int = 5000) -> Iterator[ScannedRows]:
         return self.mirror.scan_records(start, end, batch)
+
+    def next_row_from(self, index: int) -> int | None:
+        return self.mirror.next_row_from(index)
 
 
 def _sqlite_datetime(moment: datetime) -> str:

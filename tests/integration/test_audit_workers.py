@@ -46,10 +46,16 @@ def _audit(url: str, signer: NoteSigner, workers: RowWorkers | None,
         return audit_log(ledger, checkpoint, *window, workers)
 
 
+def _used(workers: RowWorkers) -> bool:
+    """Whether ``workers`` would run for the log at their URL (more than one range)."""
+    with SqlLedger(workers.url) as ledger:
+        return workers.used(workers.ranges(ledger.next_row_from))
+
+
 def _both(url: str, signer: NoteSigner, window: tuple[datetime, datetime] = EVERYTHING
           ) -> AuditReport:
     workers = RowWorkers(url, workers=3, rows_per_range=5)
-    assert workers.used(SIZE)
+    assert _used(workers)
     alone, spread = _audit(url, signer, None, window), _audit(url, signer, workers, window)
     assert spread == alone
     return alone
@@ -131,17 +137,22 @@ def test_workers_read_the_tables_the_parent_reads_whatever_the_url_options(  # t
         ("column_mismatch", 12, "tenant")]
 
 
-def test_a_tree_size_far_beyond_the_rows_costs_no_empty_ranges(
+def test_a_tree_size_far_beyond_the_rows_costs_no_empty_ranges_and_is_a_finding(
         ledger_url: str, signer: NoteSigner, capsys: pytest.CaptureFixture[str]) -> None:
-    """The database's owner can set the tree size to anything: the workers' ranges end
-    with the rows stored (at 2**63 - 1 the list of ranges raised MemoryError)."""
+    """The database's owner can set the tree size to anything: the workers' ranges
+    follow the rows stored (at 2**63 - 1 the list of ranges raised MemoryError), and
+    the leaves that size names with no row are owed rows, a finding (the audit said
+    COMPLETE)."""
     _build(ledger_url, signer)
     _sql(ledger_url, "UPDATE tree_state SET size = :s", s=2**63 - 1)
     command = ("audit", "--db", ledger_url, "--from", "2000-01-01", "--to", "2100-01-01",
                "--log-key", signer.verifier().encode(), "--no-state", "--workers")
     alone, spread = cli_json(capsys, *command, "1"), cli_json(capsys, *command, "2")
     assert spread == alone
-    assert alone[0] == 0 and alone[1]["rows_checked"] == SIZE
+    assert alone[0] == 1 and alone[1]["rows_checked"] == SIZE
+    assert [(f["kind"], f["leaf_index"], f["message"]) for f in alone[1]["findings"]] == [
+        ("rows_missing", SIZE, f"mirror rows missing for leaves {SIZE}..{2**63 - 2}: the "
+         f"log's stored size is {2**63 - 1}")]
 
 
 def test_a_row_no_worker_can_read_is_left_to_the_parent(tmp_path: Path,

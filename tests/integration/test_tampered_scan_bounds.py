@@ -1,0 +1,178 @@
+"""Whole-log scans over values an insider with database access set to anything: a tree
+size far beyond the leaves stored, a row or leaf hash at a huge index, a leaf index
+SQLite keeps as a real or text, a body or created_at of another type. ``log fsck`` ends
+(it walked every index up to the stored size: at 2**63 - 1, for ever) and ``audit``
+names each one as a finding (it said COMPLETE, read leaf 7.5 as leaf 7, or crashed),
+with worker processes or without, alike."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from ledger.audit import AuditReport
+from ledger.checkpoint import NoteSigner
+from ledger.leaves.record_v2 import EnvironmentRef, build_records_v2
+from ledger.store.fsck import FsckReport, RowWorkers, fsck
+from ledger.store.log_audit import audit_log
+from ledger.store.migrate import upgrade
+from ledger.store.sql import SqlLedger
+from tests.integration.conftest import ORIGIN
+from tests.integration.test_scan_layouts import BATCHES, ROWS, _build, _facts, _sql
+
+SIZE = 2 + BATCHES * ROWS  # leaves 0 and 1 are environments
+EVERYTHING = (datetime(2000, 1, 1), datetime(2100, 1, 1))
+HANG_BOUND_S = 300  # an overall bound only: without the fix the walk never ends
+
+
+@pytest.fixture(autouse=True)
+def verifier_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUDIT_LEDGER_HOME", str(tmp_path / "home"))
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """SQLite only: it keeps whatever type a tampering UPDATE gives a column."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade(url)
+    return url
+
+
+def _fsck(url: str, signer: NoteSigner, workers: RowWorkers | None) -> FsckReport:
+    """``fsck`` in a thread, bounded: a walk that never ends fails the test."""
+    outcome: list[FsckReport | BaseException] = []
+
+    def run() -> None:
+        try:
+            with SqlLedger(url) as ledger:
+                outcome.append(fsck(ledger, signer.verifier(), workers=workers))
+        except BaseException as exc:  # noqa: BLE001 - the test reads what ended it
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(HANG_BOUND_S)
+    assert outcome, "fsck did not end"
+    assert isinstance(outcome[0], FsckReport), outcome
+    return outcome[0]
+
+
+def _fsck_both(url: str, signer: NoteSigner) -> list[tuple[str, str, str]]:
+    alone = _fsck(url, signer, None)
+    spread = _fsck(url, signer, RowWorkers(url, workers=2, rows_per_range=5))
+    found = [(f.kind, f.where, f.detail) for f in alone.findings]
+    assert [(f.kind, f.where, f.detail) for f in spread.findings] == found
+    return found
+
+
+def _audit(url: str, signer: NoteSigner, workers: RowWorkers | None) -> AuditReport:
+    with SqlLedger(url) as ledger:
+        latest = ledger.latest_checkpoint()
+        assert latest is not None
+        checkpoint = signer.verifier().open_checkpoint(latest.note, signer.verifier().name)
+        return audit_log(ledger, checkpoint, *EVERYTHING, workers)
+
+
+def _audit_both(url: str, signer: NoteSigner) -> list[tuple[str, int | None, str]]:
+    alone = _audit(url, signer, None)
+    assert _audit(url, signer, RowWorkers(url, workers=3, rows_per_range=5)) == alone
+    return [(f.kind, f.leaf_index, f.message) for f in alone.findings]
+
+
+def test_fsck_ends_on_a_tree_size_set_to_the_largest_bigint(
+        ledger_url: str, signer: NoteSigner) -> None:
+    _build(ledger_url, signer)
+    _sql(ledger_url, "UPDATE tree_state SET size = :s", s=2**63 - 1)
+    span = f"leaves {SIZE}..{2**63 - 2}"
+    assert _fsck_both(ledger_url, signer) == [
+        ("node_missing", span, "no leaf hash for any of them"),
+        ("record_missing", span, "log entries with no mirror row")]
+
+
+def test_fsck_skips_to_a_leaf_and_row_stored_far_beyond_and_checks_them(
+        ledger_url: str, signer: NoteSigner) -> None:
+    """Nothing stored between the log's end and a leaf hash and row moved to 2**62: one
+    finding for the stretch, then the moved row is checked against its leaf hash."""
+    _build(ledger_url, signer)
+    far = 2**62
+    _sql(ledger_url, "UPDATE tree_state SET size = :s", s=far + 3)
+    _sql(ledger_url, "UPDATE tree_nodes SET idx = :to WHERE level = 0 AND idx = :at",
+         to=far, at=SIZE - 1)
+    _sql(ledger_url, "UPDATE records SET leaf_index = :to WHERE leaf_index = :at",
+         to=far, at=SIZE - 1)
+    last, tail = SIZE - 1, f"leaves {far + 1}..{far + 2}"
+    found = _fsck_both(ledger_url, signer)
+    assert found[:4] == [
+        ("node_missing", f"leaves {last}..{far - 1}", "no leaf hash for any of them"),
+        ("record_missing", f"leaves {last}..{far - 1}", "log entries with no mirror row"),
+        # the moved row was judged against the leaf hash moved with it: no finding
+        ("node_missing", tail, "no leaf hash for any of them"),
+        ("record_missing", tail, "log entries with no mirror row")]
+    # the checkpoint and anchor at the log's size: its last leaf is not where it was
+    assert [(kind, where, detail.endswith("not recomputed: leaves before it are missing"))
+            for kind, where, detail in found[4:]] == [
+        ("checkpoint_root_mismatch", f"checkpoint {SIZE}", True),
+        ("anchor_root_mismatch", f"anchor {SIZE} (local:{SIZE})", True)]
+
+
+def test_audit_owes_rows_for_leaves_beyond_the_checkpoint(
+        ledger_url: str, signer: NoteSigner) -> None:
+    """Rows the checkpoint does not cover yet must still be there: a deleted one is
+    ``rows_missing`` (audit said COMPLETE)."""
+    declared = _build(ledger_url, signer)[0]
+    unsealed = build_records_v2(
+        origin=ORIGIN, engine="engine-0", environment=EnvironmentRef(0, declared.leaf_hash),
+        batch_id="ff" * 16, padded_length=ROWS, padding_side="left",
+        generation={"max_new_tokens": 24, "temperature": 0}, timings_ms={"forward": 1.0},
+        rows=[_facts(row) for row in range(ROWS)])
+    with SqlLedger(ledger_url).start() as ledger:
+        for leaf in unsealed:
+            ledger.append(leaf)
+    _sql(ledger_url, "DELETE FROM records WHERE leaf_index = :at", at=SIZE + 3)
+    assert _audit_both(ledger_url, signer) == [
+        ("rows_missing", SIZE + 3, f"mirror rows missing for leaves {SIZE + 3}..{SIZE + 3}")]
+
+
+@pytest.mark.parametrize(("statement", "expected"), [
+    ("UPDATE records SET leaf_index = 7.5 WHERE leaf_index = 7",
+     ("row_malformed", None, "its leaf index is stored as 7.5, not an integer")),
+    ("UPDATE records SET body = 'abc' WHERE leaf_index = 8",
+     ("row_malformed", 8, "a stored value is not of its column's type")),
+    ("UPDATE records SET canonical = 'abc' WHERE leaf_index = 8",
+     ("row_malformed", 8, "a stored value is not of its column's type")),
+    ("UPDATE records SET created_at = 'not a time' WHERE leaf_index = 8",
+     ("row_malformed", 8, "a stored value is not of its column's type")),
+], ids=["a real leaf index", "a text body", "a text envelope", "a created_at no time"])
+def test_audit_names_a_value_of_another_type(
+        statement: str, expected: tuple[str, int | None, str], sqlite_url: str,
+        signer: NoteSigner) -> None:
+    """A leaf index 7.5 passed as leaf 7; the others ended the audit with an internal
+    error (exit 4). Each is now one ``row_malformed`` finding that ends the scan."""
+    _build(sqlite_url, signer)
+    _sql(sqlite_url, statement)
+    found = _audit_both(sqlite_url, signer)
+    assert len(found) == 1, found
+    kind, index, message = found[0]
+    assert (kind, index) == expected[:2]
+    assert expected[2] in message, message
+
+
+@pytest.mark.parametrize("stored", ["7.5", "'x'"], ids=["a real", "text"])
+def test_fsck_names_a_leaf_index_of_another_type(stored: str, sqlite_url: str,
+                                                  signer: NoteSigner) -> None:
+    """The last row's index made text stayed the next row while leaves remained, and
+    comparing it with a leaf index raised TypeError."""
+    _build(sqlite_url, signer)
+    last = SIZE - 1
+    moved = stored.strip("'")
+    _sql(sqlite_url, f"UPDATE records SET leaf_index = {stored} WHERE leaf_index = :at",
+         at=7 if moved == "7.5" else last)
+    left = 7 if moved == "7.5" else last
+    found = _fsck_both(sqlite_url, signer)
+    assert ("record_missing", f"leaf {left}", "log entry with no mirror row") in found
+    assert [kind for kind, _, _ in found].count("record_extra") == 1
+    assert any(kind == "record_extra" and where == f"leaf {moved}"
+               for kind, where, _ in found), found

@@ -11,7 +11,8 @@ derived from their sizes, never stored on the row (decision 0029), so there is n
 per row to police there.
 
 Finding kinds (README "fsck" lists them): record_altered, record_missing, record_extra,
-record_unparseable, column_mismatch, node_mismatch, node_missing, root_mismatch,
+record_unparseable, row_malformed (a stored value is not of its column's type),
+column_mismatch, node_mismatch, node_missing, root_mismatch,
 checkpoint_signature, checkpoint_root_mismatch, checkpoint_beyond_log, checkpoint_missing,
 anchor_signature, anchor_size_mismatch, anchor_checkpoint_missing,
 anchor_checkpoint_mismatch, anchor_root_mismatch, anchor_beyond_log, anchor_order,
@@ -264,9 +265,12 @@ class _RowChecks:
     def judge_raw(self, item: tuple[int, tuple[Any, ...], ScannedRows], leaf: bytes) -> None:
         """A row read here (``_raw_rows``)."""
         _, raw, chunk = item
-        proven = self.quick.leaf_hash(raw, chunk.typed, chunk.stored_time)
+        try:
+            proven = self.quick.leaf_hash(raw, chunk.typed, chunk.stored_time)
+        except Exception:  # noqa: BLE001 - a malformed row: the full path names it
+            proven = None
         if proven is None or proven[0] != leaf:
-            self.check(chunk.record_row(raw), leaf)
+            self.check_raw(raw, chunk, leaf)
 
     def judge_verdict(self, item: Proven | Checked, leaf: bytes) -> None:
         """A worker's verdict on a row (``RowWorkers``): what ``judge_raw`` would find."""
@@ -288,10 +292,21 @@ class _RowChecks:
         """The full path for a row a worker left to this process, read as a scan reads
         it (``record_at`` joins other tables)."""
         for _, raw, chunk in _raw_rows(self.ledger, index, index + 1):
-            self.check(chunk.record_row(raw), leaf)
+            self.check_raw(raw, chunk, leaf)
             return
         self.report.findings.append(Finding("record_missing", f"leaf {index}",
                                             "log entry with no mirror row"))  # deleted since
+
+    def check_raw(self, raw: tuple[Any, ...], chunk: ScannedRows, leaf: bytes) -> None:
+        """``check`` of a raw row, which may hold a value of another type than its
+        column's (SQLite keeps whatever a tampering UPDATE gives it: a text body, a
+        created_at that is no time): that is a ``row_malformed`` finding, never a crash."""
+        try:
+            self.check(chunk.record_row(raw), leaf)
+        except Exception as exc:  # noqa: BLE001 - named by its type: its text may quote values
+            self.report.findings.append(Finding(
+                "row_malformed", f"leaf {raw[0]} (record {raw[1]})",
+                f"a stored value is not of its column's type ({type(exc).__name__})"))
 
     def check(self, row: RecordRow, leaf: bytes) -> None:
         """The full path: every check of the row, worded."""

@@ -11,8 +11,8 @@ their order are those of one process.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 from ledger import merkle
 from ledger.audit import EnvironmentKey, QuickRows
@@ -86,17 +86,22 @@ class _RangeChecker:
                 if proof is not None:
                     verdicts.append(Proven(raw[0], proof[0], proof[2]))
                 else:
-                    verdicts.append(self.checked(chunk.record_row(raw)))
+                    verdicts.append(self.checked(raw, chunk.record_row))
         return verdicts
 
-    def checked(self, row: RecordRow) -> Checked:
+    def checked(self, raw: tuple[Any, ...], record_row: Callable[[tuple[Any, ...]], RecordRow]
+                ) -> Checked:
+        try:
+            row = record_row(raw)
+            leaf_hash = merkle.hash_leaf(row.canonical)
+        except Exception:  # noqa: BLE001 - a value of another type: the parent names it
+            return Checked(raw[0], b"", str(raw[1]), None, None)
         where = f"leaf {row.leaf_index} (record {row.record_id})"
         try:
             findings, leaf = row_findings(row, where, self.origin, self.layouts)
         except Exception:  # noqa: BLE001 - the parent repeats the row (see ``Checked``)
             findings, leaf = None, None
-        return Checked(row.leaf_index, merkle.hash_leaf(row.canonical), row.record_id,
-                       findings, leaf)
+        return Checked(row.leaf_index, leaf_hash, row.record_id, findings, leaf)
 
 
 _checker: _RangeChecker | None = None  # this worker process's

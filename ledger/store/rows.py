@@ -28,6 +28,15 @@ def row_columns(leaf: LogLeaf) -> dict[str, Any]:
             "environment_index": None}
 
 
+def stored_bytes(value: Any) -> bytes:
+    """A binary column's value as bytes. Text a tampering UPDATE left there (SQLite keeps
+    it) is read as its UTF-8 bytes: it then fails the hash it stands for, a finding,
+    instead of crashing the reader."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    return str(value).encode("utf-8", "surrogatepass")
+
+
 def check_publishable(leaf: LogLeaf) -> None:
     """Raise LeafTooLargeError for a leaf its tiles could never publish (decision 0061):
     every driver asks before it gives the leaf an index."""

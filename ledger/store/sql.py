@@ -71,7 +71,12 @@ from ledger.store.log_api import (
     parse_timestamp,
 )
 from ledger.store.mirror import SqlMirror
-from ledger.store.rows import RECORD_INSERT_COLUMNS, check_publishable, row_columns
+from ledger.store.rows import (
+    RECORD_INSERT_COLUMNS,
+    check_publishable,
+    row_columns,
+    stored_bytes,
+)
 from ledger.store.schema import (
     checkpoints,
     environments,
@@ -864,7 +869,7 @@ def _nodes_by_key(run: _Run, mark: str, keys: Sequence[merkle.Node]
             params.extend([level, *unique])
         sql = "SELECT level, idx, hash FROM tree_nodes WHERE " + " OR ".join(clauses)
         for level, idx, node_hash in run(sql, params):
-            found[(int(level), int(idx))] = bytes(node_hash)
+            found[(int(level), int(idx))] = stored_bytes(node_hash)
     return found
 
 

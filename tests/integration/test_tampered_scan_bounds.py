@@ -176,3 +176,29 @@ def test_fsck_names_a_leaf_index_of_another_type(stored: str, sqlite_url: str,
     assert [kind for kind, _, _ in found].count("record_extra") == 1
     assert any(kind == "record_extra" and where == f"leaf {moved}"
                for kind, where, _ in found), found
+
+
+@pytest.mark.parametrize("statement", [
+    "UPDATE records SET body = 'abc' WHERE leaf_index = 8",
+    "UPDATE records SET canonical = 'abc' WHERE leaf_index = 8",
+    "UPDATE records SET created_at = 'not a time' WHERE leaf_index = 8",
+], ids=["a text body", "a text envelope", "a created_at no time"])
+def test_fsck_names_a_row_value_of_another_type(statement: str, sqlite_url: str,
+                                                signer: NoteSigner) -> None:
+    """Each ended ``log fsck`` with an internal error (TypeError, ValueError)."""
+    _build(sqlite_url, signer)
+    _sql(sqlite_url, statement)
+    found = _fsck_both(sqlite_url, signer)
+    assert [(kind, where.split(" (")[0]) for kind, where, _ in found] == [
+        ("row_malformed", "leaf 8")], found
+    assert "a stored value is not of its column's type" in found[0][2]
+
+
+def test_fsck_reads_a_text_leaf_hash_as_a_wrong_one(sqlite_url: str,
+                                                    signer: NoteSigner) -> None:
+    """A leaf hash stored as text made reading the tree raise TypeError."""
+    _build(sqlite_url, signer)
+    _sql(sqlite_url, "UPDATE tree_nodes SET hash = 'abc' WHERE level = 0 AND idx = 8")
+    found = _fsck_both(sqlite_url, signer)
+    assert [kind for kind, _, _ in found][:2] == ["record_altered", "node_mismatch"]
+    assert found[0][1].startswith("leaf 8 (record ")

@@ -215,6 +215,12 @@ class Appender(Protocol):
     async def append_async(self, leaf: LogLeaf) -> Receipt:
         """Append from asyncio; returns once durable."""
 
+    def append_many(self, leaves: Sequence[LogLeaf], timeout: float | None = 60.0
+                    ) -> list[Receipt | BaseException]:
+        """Append leaves together and wait (at most ``timeout`` seconds in all): the SQL
+        drivers commit them in one transaction, so a crash logs all or none of them;
+        each outcome as ``append_many_async``'s."""
+
     async def append_many_async(self, leaves: Sequence[LogLeaf]
                                 ) -> list[Receipt | BaseException]:
         """Append a batch together; each outcome is that leaf's receipt or its own error

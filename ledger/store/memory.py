@@ -97,6 +97,10 @@ class MemoryLog(TreeProofs):
     async def append_async(self, leaf: LogLeaf) -> Receipt:
         return self.append(leaf)
 
+    def append_many(self, leaves: Sequence[LogLeaf], timeout: float | None = 60.0
+                    ) -> list[Receipt | BaseException]:
+        return list(self._append_all(leaves))
+
     async def append_many_async(self, leaves: Sequence[LogLeaf]
                                 ) -> list[Receipt | BaseException]:
         return list(self._append_all(leaves))

@@ -21,6 +21,7 @@ import operator
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -425,6 +426,21 @@ class SqlLedger(TreeProofs):
 
     def append(self, record: LogLeaf, timeout: float | None = 60.0) -> Receipt:
         return self.submit(record).result(timeout)
+
+    def append_many(self, records: Sequence[LogLeaf], timeout: float | None = 60.0
+                    ) -> list[Receipt | BaseException]:
+        """Append ``records`` as one queue item: the writer never splits one, so they
+        commit in one transaction (all or none on a crash)."""
+        pendings = [_Pending(record) for record in records]
+        self._enqueue(pendings)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        outcomes: list[Receipt | BaseException] = []
+        for pending in pendings:
+            assert isinstance(pending.future, Future)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            error = pending.future.exception(left)
+            outcomes.append(error if error is not None else pending.future.result())
+        return outcomes
 
     async def append_async(self, record: LogLeaf) -> Receipt:
         """Append from asyncio; a whole group's waiters are woken with one loop call."""

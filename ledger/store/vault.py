@@ -81,10 +81,13 @@ CIPHERTEXT_COLUMNS = {"prompt": "prompt_ct", "output": "output_ct",
 
 
 class Appender(Protocol):
-    """The one call of an ``Appender`` (``ledger.store.log_api``) the vault makes: it
-    returns once the leaf is durable."""
+    """The calls of an ``Appender`` (``ledger.store.log_api``) the vault makes: each
+    returns once its leaves are durable; ``append_many`` commits them together."""
 
     def append(self, record: Leaf, timeout: float | None = 60.0) -> Any: ...
+
+    def append_many(self, records: Sequence[Leaf], timeout: float | None = 60.0
+                    ) -> list[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -616,7 +619,8 @@ class ContentVault:
             tenant=tenant, records=part, reason=reason, selector=selector,
             requested_by=requested_by, legal_basis=legal_basis), part)
             for part in erasure_parts(record_ids)]
-        receipts = [ledger.append(leaf) for leaf, _ in parts]
+        # All parts in one transaction: a crash logs the whole erasure or none of it.
+        receipts = _appended(ledger, [leaf for leaf, _ in parts])
         erased_at = self.clock()
         with self._writer.begin() as conn:
             lock_tenant(conn, tenant, exclusive=True)
@@ -625,11 +629,11 @@ class ContentVault:
             doomed = [] if hold is not None else self._erase_rows(
                 conn, tenant, [(leaf.record_id, part) for leaf, part in parts], erased_at)
         if hold is not None:
-            for leaf, part in parts:
-                ledger.append(build_erasure(
-                    origin=origin, leaf_id=new_record_id(), created_at=utc_timestamp(),
-                    tenant=tenant, records=part, reason="cancelled", selector=selector,
-                    requested_by=f"hold:{hold.hold_id}", cancels=leaf.record_id))
+            _appended(ledger, [build_erasure(
+                origin=origin, leaf_id=new_record_id(), created_at=utc_timestamp(),
+                tenant=tenant, records=part, reason="cancelled", selector=selector,
+                requested_by=f"hold:{hold.hold_id}", cancels=leaf.record_id)
+                for leaf, part in parts])
             raise LegalHoldError(hold.hold_id, hold.scope, hold.reason)
         # Committed: the old KEKs hold only erased keys now. Destroying them makes every
         # copy of those keys (WAL frames, old pages, backups) unopenable. A crash before
@@ -820,3 +824,13 @@ def _tenant_known(conn: Connection, tenant: str) -> bool:
                         .limit(1)).first() is not None:
             return True
     return False
+
+
+def _appended(ledger: Appender, leaves: list[Leaf]) -> list[Any]:
+    """The receipts of ``leaves`` appended together; the first leaf's own error, if one
+    was refused (the others may be logged: running the erasure again logs it anew)."""
+    outcomes = ledger.append_many(leaves)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return outcomes

@@ -9,7 +9,7 @@ import json
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -91,11 +91,16 @@ class DuringAppend:
         self.setting, self.act, self.appended = setting, act, []
 
     def append(self, record: AuditRecord, timeout: float | None = 60.0) -> Any:
-        receipt = self.setting.ledger.append(record, timeout)
-        self.appended.append(record.content)
-        if record.content["schema"] == ERASURE_KIND and len(self.appended) == 1:
+        return self.append_many([record], timeout)[0]
+
+    def append_many(self, records: Sequence[AuditRecord], timeout: float | None = 60.0
+                    ) -> list[Any]:
+        outcomes = self.setting.ledger.append_many(records, timeout)
+        first = not self.appended
+        self.appended.extend(record.content for record in records)
+        if first and records[0].content["schema"] == ERASURE_KIND:
             self.act()
-        return receipt
+        return outcomes
 
 
 def _gone(store: ReceiptStore, key: str, record_id: str) -> None:

@@ -166,6 +166,19 @@ def test_erasing_a_heavy_subject_is_logged_in_leaves_its_tiles_can_publish(
     _publish_verify_audit_fsck(log, tmp_path, capsys, erasure.erasure_record_ids)
 
 
+def test_a_large_erasures_leaves_are_committed_in_one_transaction(log: Log) -> None:
+    """All of an erasure's leaves or none: appended one by one, a crash between two
+    commits logged part of it, and an expiry of 100,000 records took 500 commits."""
+    heavy = log.keep("bank-a", 2 * RECORDS_PER_ERASURE_LEAF + 1, subject="heavy-user")
+    before = log.ledger.groups_committed
+    erasure = log.vault.erase(log.ledger, "bank-a", subject="heavy-user",
+                              requested_by="cli:dpo")
+    assert erasure.records == sorted(heavy) and len(erasure.leaf_indexes) == 3
+    assert log.ledger.groups_committed - before == 1
+    assert list(erasure.leaf_indexes) == list(range(erasure.leaf_indexes[0],
+                                                    erasure.leaf_indexes[0] + 3))
+
+
 def _legacy_tenant(log: Log) -> str:
     """A tenant whose content was kept before tenant names followed the leaf rule
     (decision 0063): its policy row is as an older release wrote it. Its erasure leaf
@@ -217,14 +230,17 @@ def test_a_hold_during_a_large_erasure_cancels_every_leaf(log: Log) -> None:
     holds: list[str] = []
 
     class HoldAfterTheLeaves:
-        """The ledger, placing a hold once the erasure's last leaf is committed."""
+        """The ledger, placing a hold once the erasure's leaves are committed."""
 
         def append(self, leaf: Any, timeout: float | None = 60.0) -> Any:
-            receipt = log.ledger.append(leaf, timeout)
-            appended.append(dict(leaf.content))
+            return self.append_many([leaf], timeout)[0]
+
+        def append_many(self, leaves: Any, timeout: float | None = 60.0) -> list[Any]:
+            outcomes = log.ledger.append_many(leaves, timeout)
+            appended.extend(dict(leaf.content) for leaf in leaves)
             if len(appended) == 2:
                 holds.append(log.vault.hold("bank-a", "regulator inquiry 45").hold_id)
-            return receipt
+            return outcomes
 
     with pytest.raises(LegalHoldError):
         log.vault.erase(HoldAfterTheLeaves(), "bank-a", subject="heavy-user",

@@ -52,6 +52,9 @@ class Journal:
         self.leaves.append(record)
         return Appended()
 
+    def append_many(self, records: Any, timeout: float | None = 60.0) -> list[Any]:
+        return [self.append(record) for record in records]
+
 
 def _item(i: int, tenant: str = "bank-a") -> RetainItem:
     return RetainItem(f"rec-{i}", bytes([i]) * 32, tenant, CREATED, f"prompt {i}",

@@ -172,6 +172,10 @@ def test_a_batch_gets_one_outcome_per_leaf(driver: Driver) -> None:
     assert indexes == [0, 1]
     single = asyncio.run(driver.appender.append_async(make_record(5)))
     assert single.leaf_index == 2
+    waited = driver.appender.append_many([make_record(6), _impostor(first), make_record(7)])
+    assert isinstance(waited[1], DuplicateRecordError)
+    assert [o.leaf_index for o in (waited[0], waited[2]) if not isinstance(o, Exception)] == [
+        3, 4]
 
 
 def test_checkpoints_seal_growth_and_cover_leaves(driver: Driver, signer: NoteSigner) -> None:

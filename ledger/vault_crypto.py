@@ -43,6 +43,11 @@ WRAP_AAD_PREFIX = b"audit-ledger/vault-data-key/v1"
 RECEIPT_WRAP_AAD_PREFIX = b"audit-ledger/receipt-key/v1"
 RECEIPT_AAD_PREFIX = b"audit-ledger/receipt/v1"
 RECEIPT_FINGERPRINT_LABEL = b"audit-ledger/receipt-fingerprint/v1"
+RECEIPT_FINGERPRINT_LABEL_2 = b"audit-ledger/receipt-fingerprint/v2"
+# A stored fingerprint under a receipt's own key starts with this byte (33 bytes in all);
+# one under the tenant's subject key (decision 0062) is the bare 32-byte MAC.
+RECEIPT_FINGERPRINT_2 = b"\x02"
+RECEIPT_FINGERPRINT_BYTES_0062 = 32
 SUBJECT_FIELD = "subject"
 SUBJECT_PREFIX = "hmac-sha256:"
 
@@ -282,6 +287,39 @@ def receipt_fingerprint(subject_key: bytes, tenant: str, idempotency_key: str,
     mac_key = hmac.new(subject_key, RECEIPT_FINGERPRINT_LABEL, hashlib.sha256).digest()
     message = _aad(RECEIPT_FINGERPRINT_LABEL, tenant, idempotency_key, request_digest)
     return hmac.new(mac_key, message, hashlib.sha256).digest()
+
+
+def new_receipt_key(keks: KeyEncryptionKeys, tenant: str, idempotency_key: str
+                    ) -> tuple[str, bytes, bytes]:
+    """A receipt's own data key, made when its Idempotency-Key is claimed: (KEK id,
+    wrapped key, the key). Its fingerprint is a MAC under it and its answer is sealed
+    with it, so both die with the KEK an erasure of its record destroys (decision 0068)."""
+    key = secrets.token_bytes(DATA_KEY_BYTES)
+    kek_id, wrapped = keks.wrap(tenant, key, receipt_wrap_context(tenant, idempotency_key))
+    return kek_id, wrapped, key
+
+
+def open_receipt_key(keks: KeyEncryptionKeys, tenant: str, idempotency_key: str,
+                     kek_id: str, wrapped: bytes) -> bytes:
+    """A receipt's data key (``new_receipt_key``); ``KeyUnavailableError`` or
+    ``InvalidTag`` once its KEK is gone or the wrapped key was changed."""
+    return keks.unwrap(tenant, kek_id, wrapped, receipt_wrap_context(tenant, idempotency_key))
+
+
+def receipt_fingerprint_under(receipt_key: bytes, tenant: str, idempotency_key: str,
+                              request_digest: bytes) -> bytes:
+    """A receipt's stored fingerprint under its own data key: ``RECEIPT_FINGERPRINT_2``
+    and an HMAC-SHA256 of the request's digest, bound to the tenant and the key, under a
+    MAC key derived from the receipt's key (never the key that seals its answer)."""
+    mac_key = hmac.new(receipt_key, RECEIPT_FINGERPRINT_LABEL_2, hashlib.sha256).digest()
+    message = _aad(RECEIPT_FINGERPRINT_LABEL_2, tenant, idempotency_key, request_digest)
+    return RECEIPT_FINGERPRINT_2 + hmac.new(mac_key, message, hashlib.sha256).digest()
+
+
+def seal_receipt_under(receipt_key: bytes, tenant: str, idempotency_key: str,
+                       plaintext: bytes) -> bytes:
+    """A stored answer sealed with its receipt's own data key (``new_receipt_key``)."""
+    return aead_encrypt(receipt_key, plaintext, receipt_aad(tenant, idempotency_key))
 
 
 def subject_hash(key: bytes, subject: str) -> str:

@@ -18,9 +18,11 @@ while an erasure runs is ordered by the tenant lock and stored as that 410 if it
 was erased meanwhile.
 
 The ``fingerprint`` column holds no digest of the request: only an HMAC of it under a key
-derived from the tenant's subject key (decision 0062), so a database reader cannot test
-guesses of an erased prompt against it. An erasure sets it to NULL, and a receipt
-without one answers its stored answer (the 410) whatever the body: no oracle remains.
+of the receipt's own, wrapped by the tenant's KEK (decision 0068; 0062 keyed it by the
+subject key), so neither a database reader nor, once the record is erased, a holder of
+an old backup and the key store can test guesses of the prompt against it. An erasure
+sets it to NULL, and a receipt without one answers its stored answer (the 410) whatever
+the body: no oracle remains.
 """
 
 from __future__ import annotations
@@ -40,11 +42,17 @@ from ledger.errors import LedgerError
 from ledger.store.schema import receipts, vault_content
 from ledger.store.tenant_lock import lock_tenant
 from ledger.vault_crypto import (
+    RECEIPT_FINGERPRINT_2,
     KeyEncryptionKeys,
+    new_receipt_key,
     open_receipt,
+    open_receipt_key,
     receipt_fingerprint,
+    receipt_fingerprint_under,
     seal_receipt,
+    seal_receipt_under,
 )
+from ledger.vault_errors import KeyUnavailableError
 
 RECORD_ID_KEYS = ("record_id", "stream_start_record_id", "x-audit-record-id")
 # Without a key store (tests, tools) there is no secret: nothing in the table is
@@ -59,6 +67,8 @@ class StoredReceipt:
     response: dict[str, Any] | None
     created_at: datetime
     owner: str | None = None
+    kek_id: str | None = None  # the receipt's own key, wrapped (decision 0068)
+    wrapped_key: bytes | None = None
 
 
 def _now() -> datetime:
@@ -131,10 +141,9 @@ class ReceiptStore:
         died before answering), is taken over: it then belongs to ``owner``.
         """
         now = _now()
-        values = {"fingerprint": self._mark(tenant, key, fingerprint), "state": "pending",
-                  "response": None, "response_ct": None, "wrapped_key": None, "kek_id": None,
-                  "record_ids": None, "created_at": now, "expires_at": now + self.ttl,
-                  "owner": owner}
+        values = {**self._mark(tenant, key, fingerprint), "state": "pending",
+                  "response": None, "response_ct": None, "record_ids": None,
+                  "created_at": now, "expires_at": now + self.ttl, "owner": owner}
         try:
             with self.engine.begin() as conn:
                 conn.execute(insert(receipts).values(tenant=tenant, idempotency_key=key,
@@ -169,14 +178,36 @@ class ReceiptStore:
         if row is None:
             return None
         return StoredReceipt(None if row.fingerprint is None else bytes(row.fingerprint),
-                             row.state, self._answer(row), row.created_at, row.owner)
+                             row.state, self._answer(row), row.created_at, row.owner,
+                             None if row.kek_id is None else str(row.kek_id),
+                             None if row.wrapped_key is None else bytes(row.wrapped_key))
 
     def _subject_keys(self, tenant: str) -> list[bytes]:
         return [NO_KEY_STORE_KEY] if self.keks is None else self.keks.subject_keys(tenant)
 
-    def _mark(self, tenant: str, key: str, fingerprint: bytes) -> bytes:
-        """The stored form of a request's fingerprint: its MAC under the current key."""
-        return receipt_fingerprint(self._subject_keys(tenant)[0], tenant, key, fingerprint)
+    def _mark(self, tenant: str, key: str, fingerprint: bytes) -> dict[str, Any]:
+        """A claim's stored fingerprint and key: a MAC under a fresh key of its own,
+        wrapped by the tenant's current KEK, so that an erasure of its record, which
+        destroys that KEK, leaves nothing to test a guessed body against, not even with
+        the key store (decision 0068). Without a key store, the empty key's MAC (0062)."""
+        if self.keks is None:
+            return {"fingerprint": receipt_fingerprint(NO_KEY_STORE_KEY, tenant, key,
+                                                       fingerprint),
+                    "kek_id": None, "wrapped_key": None}
+        kek_id, wrapped, receipt_key = new_receipt_key(self.keks, tenant, key)
+        return {"fingerprint": receipt_fingerprint_under(receipt_key, tenant, key,
+                                                         fingerprint),
+                "kek_id": kek_id, "wrapped_key": wrapped}
+
+    def _receipt_key(self, tenant: str, key: str, kek_id: Any, wrapped: Any) -> bytes | None:
+        """The receipt's own key; None when there is none or it no longer opens (its
+        KEK was destroyed by an erasure)."""
+        if self.keks is None or kek_id is None or wrapped is None:
+            return None
+        try:
+            return open_receipt_key(self.keks, tenant, key, str(kek_id), bytes(wrapped))
+        except (InvalidTag, KeyUnavailableError):
+            return None
 
     def same_request(self, tenant: str, key: str, held: StoredReceipt,
                      fingerprint: bytes) -> bool:
@@ -188,7 +219,13 @@ class ReceiptStore:
         body would hand one request's answer to a different request."""
         if held.fingerprint is None:
             return is_erased_answer(held.response)
-        # Every subject key the tenant still has: a claim may predate a rotation.
+        if held.fingerprint[:1] == RECEIPT_FINGERPRINT_2:
+            receipt_key = self._receipt_key(tenant, key, held.kek_id, held.wrapped_key)
+            return receipt_key is not None and hmac.compare_digest(
+                held.fingerprint, receipt_fingerprint_under(receipt_key, tenant, key,
+                                                            fingerprint))
+        # Claimed before 0068: every subject key the tenant still has (a claim may
+        # predate a rotation).
         return any(hmac.compare_digest(held.fingerprint, receipt_fingerprint(
             subject_key, tenant, key, fingerprint)) for subject_key in
             self._subject_keys(tenant))
@@ -221,10 +258,13 @@ class ReceiptStore:
                 .values(record_ids=",".join(record_ids) or None)).rowcount
             if not mine:
                 return False
+            claimed = conn.execute(select(receipts.c.kek_id, receipts.c.wrapped_key,
+                                          receipts.c.fingerprint).where(
+                receipts.c.tenant == tenant, receipts.c.idempotency_key == key)).one()
             answer = self._erased(conn, tenant, record_ids) or response
             conn.execute(update(receipts).where(
                 receipts.c.tenant == tenant, receipts.c.idempotency_key == key)
-                .values(state="done", **self._sealed(tenant, key, answer)))
+                .values(state="done", **self._sealed(tenant, key, answer, claimed)))
         return True
 
     def _erased(self, conn: Connection, tenant: str,
@@ -244,12 +284,27 @@ class ReceiptStore:
         return erased_answer(row.record_id, row.erased_at, row.erasure_record_id) if row \
             else None
 
-    def _sealed(self, tenant: str, key: str, answer: dict[str, Any]) -> dict[str, Any]:
+    def _sealed(self, tenant: str, key: str, answer: dict[str, Any], claimed: Any
+                ) -> dict[str, Any]:
+        """The stored answer: sealed with the receipt's own key (``claimed``: its row's
+        kek_id, wrapped_key and fingerprint), or a fresh one for a claim made before
+        0068. An erasure's 410 is kept in the clear, with no fingerprint and no key: it
+        answers any body alike (0062)."""
         plain = json.dumps(answer)
-        if self.keks is None or "problem" in answer and answer["problem"].get(
-                "code") == "content_erased":
+        if is_erased_answer(answer):
+            return {"response": plain, "response_ct": None, "kek_id": None,
+                    "wrapped_key": None, "fingerprint": None}
+        if self.keks is None:
             return {"response": plain, "response_ct": None, "kek_id": None,
                     "wrapped_key": None}
+        stored = claimed.fingerprint
+        receipt_key = self._receipt_key(tenant, key, claimed.kek_id, claimed.wrapped_key)
+        if stored is not None and bytes(stored)[:1] == RECEIPT_FINGERPRINT_2 \
+                and receipt_key is not None:
+            return {"response": None, "kek_id": str(claimed.kek_id),
+                    "wrapped_key": bytes(claimed.wrapped_key),
+                    "response_ct": seal_receipt_under(receipt_key, tenant, key,
+                                                      plain.encode())}
         kek_id, wrapped, ciphertext = seal_receipt(self.keks, tenant, key, plain.encode())
         return {"response": None, "response_ct": ciphertext, "kek_id": kek_id,
                 "wrapped_key": wrapped}

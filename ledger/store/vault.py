@@ -54,6 +54,7 @@ from ledger.store.schema import (
 from ledger.store.sql import make_engine
 from ledger.store.tenant_lock import lock_tenant
 from ledger.vault_crypto import (
+    RECEIPT_FINGERPRINT_BYTES_0062,
     SUBJECT_FIELD,
     Content,
     KeyEncryptionKeys,
@@ -667,6 +668,13 @@ class ContentVault:
             # Idempotency-Key answers naming these records (stored before or while this
             # erasure ran) become 410s: the key stays bound to its record, nothing replays.
             # Their fingerprints go too: a 410 to any body tells no body apart (0062).
+            # Their own keys' KEKs are destroyed with the content's, so a copy of the row
+            # from before (a backup) cannot test a guessed body even with the key store
+            # (0068): the other keys under those KEKs are re-wrapped first (``_rekey``).
+            kek_ids.update(str(k) for (k,) in conn.execute(
+                select(receipts.c.kek_id).where(receipts.c.tenant == tenant,
+                                                names_any(record_ids),
+                                                receipts.c.kek_id.is_not(None))).all())
             for record_id in record_ids:
                 conn.execute(update(receipts).where(
                     receipts.c.tenant == tenant, names_any([record_id]))
@@ -771,10 +779,12 @@ class ContentVault:
                 conn.execute(update(vault_content)
                              .where(vault_content.c.record_id == bindparam("rid"))
                              .values(subject_hash=bindparam("hash")), rehashed)
-            # Receipt fingerprints are MACs under the old key, which is destroyed below:
-            # they go, and those keys answer their stored answers to any body (0062).
-            conn.execute(update(receipts).where(receipts.c.tenant == tenant)
-                         .values(fingerprint=None))
+            # Fingerprints claimed before 0068 are MACs under the old key, which is
+            # destroyed below: they go (0062). Later ones are under each receipt's own key.
+            conn.execute(update(receipts).where(
+                receipts.c.tenant == tenant,
+                func.length(receipts.c.fingerprint) == RECEIPT_FINGERPRINT_BYTES_0062)
+                .values(fingerprint=None))
         legacy = len(rows) - len(rehashed)
         if not legacy:
             self.keks.retire_subject_keys(tenant)

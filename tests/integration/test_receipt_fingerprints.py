@@ -10,7 +10,8 @@ with guessed bodies watches for a 410 instead of a 422.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import hmac
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import make_mocked_request
+from cryptography.exceptions import InvalidTag
 from sqlalchemy import create_engine, insert, select, text
 
 from inference_wrapper.server.idempotency import HEADER, Idempotency, fingerprint
@@ -30,6 +32,8 @@ from ledger.store.receipts import ReceiptStore
 from ledger.store.schema import receipts
 from ledger.store.sql import SqlLedger
 from ledger.store.vault import ContentVault, RetainItem
+from ledger.vault_crypto import open_receipt_key, receipt_fingerprint, receipt_fingerprint_under
+from ledger.vault_errors import KeyUnavailableError
 from tests.integration.conftest import ORIGIN
 
 ROUTE = "/v1/completions"
@@ -101,8 +105,59 @@ def test_erased_pin_is_not_guessable_from_the_receipts_table(setting: Setting) -
     # Neither the live row (a backup taken before the erasure) nor the erased one holds
     # anything the 10,000 guesses can be tested against without the key store.
     assert _guess_pin([live, erased]) is None
-    assert live is not None and len(live) == 32
+    assert live is not None and len(live) == 33  # under the receipt's own key (0068)
     assert erased is None
+
+
+def _backup_row(setting: Setting, key: str) -> dict[str, Any]:
+    with setting.ledger.engine.connect() as conn:
+        row = conn.execute(select(receipts).where(
+            receipts.c.idempotency_key == key)).one()
+    return dict(row._mapping)
+
+
+def _guess_pin_with_the_key_store(setting: Setting, row: dict[str, Any]) -> str | None:
+    """The attack with a backup of the row from before the erasure AND today's key store:
+    every MAC key the store can still give (each subject key, as 0062 keyed them; the
+    receipt's own key, if its wrapped key still opens) against the 10,000 PINs."""
+    keks, tenant, key = setting.vault.keks, "bank-a", row["idempotency_key"]
+    stored = bytes(row["fingerprint"])
+    macs: list[Callable[[bytes], bytes]] = [
+        lambda digest, subject_key=subject_key: receipt_fingerprint(
+            subject_key, tenant, key, digest) for subject_key in keks.subject_keys(tenant)]
+    try:
+        receipt_key = open_receipt_key(keks, tenant, key, str(row["kek_id"]),
+                                       bytes(row["wrapped_key"]))
+        macs.append(lambda digest: receipt_fingerprint_under(receipt_key, tenant, key,
+                                                             digest))
+    except (InvalidTag, KeyUnavailableError):
+        pass  # its KEK is gone
+    for pin in range(10_000):
+        prompt = f"my PIN is {pin:04d}"
+        digest = fingerprint(ROUTE, {"model": "tiny", "prompt": prompt})
+        if any(hmac.compare_digest(mac(digest), stored) for mac in macs):
+            return prompt
+    return None
+
+
+def test_a_backup_and_the_key_store_together_cannot_guess_an_erased_pin(
+        setting: Setting) -> None:
+    """0062 keyed the fingerprint with the tenant's subject key, which an erasure keeps:
+    a backup from before the erasure plus today's key store found the PIN. The MAC is now
+    under the receipt's own key, whose KEK the erasure destroys."""
+    setting.keep("k1", "my PIN is 7236", subject="alice")
+    setting.keep("k2", "my PIN is 1111", subject="bob")  # shares k1's KEK, not erased
+    backup = _backup_row(setting, "k1")
+    assert _guess_pin_with_the_key_store(setting, backup) == "my PIN is 7236"  # before
+    setting.vault.erase(setting.ledger, "bank-a", subject="alice", requested_by="cli:dpo")
+    assert _guess_pin_with_the_key_store(setting, backup) is None
+    # bob's receipt was re-wrapped under the new KEK: it still replays, and compares
+    idempotency = Idempotency(setting.store, timeout_s=5)
+    again = _answer(idempotency, "k2", {"prompt": "my PIN is 1111", "model": "tiny"})
+    assert again.status == 200
+    with pytest.raises(Problem) as refused:
+        _answer(idempotency, "k2", {"model": "tiny", "prompt": "my PIN is 2222"})
+    assert (refused.value.status, refused.value.field) == (422, HEADER)
 
 
 def _answer(idempotency: Idempotency, key: str, body: dict[str, Any]) -> Any:
@@ -142,13 +197,34 @@ def test_a_live_key_replays_its_body_and_refuses_another_with_422(
     assert setting.stored_fingerprint("k1") != setting.stored_fingerprint("k2")
 
 
-def test_after_a_subject_key_rotation_a_live_key_replays_to_no_body(
+def test_after_a_subject_key_rotation_a_live_key_still_tells_bodies_apart(
         setting: Setting) -> None:
-    """Its fingerprint's key is destroyed, so no body can be compared: replaying its
-    answer to any body would hand k1's output to another request (a review found
-    "transfer 9999 EUR to Mallory" answered with k1's record). Both bodies get a 422
-    that says why; the key's answer is never given to an unknown request."""
+    """Its fingerprint is under the receipt's own key, not the rotated subject key: the
+    same body replays its answer, another gets the 422 (0062 removed the fingerprint,
+    and both got 422)."""
+    record_id = setting.keep("k1", "transfer 10 EUR to Alice", subject="alice")
+    setting.vault.rotate_subject_key("bank-a")
+    assert setting.stored_fingerprint("k1") is not None
+    idempotency = Idempotency(setting.store, timeout_s=5)
+    again = _answer(idempotency, "k1", {"model": "tiny", "prompt": "transfer 10 EUR to Alice"})
+    assert again.status == 200 and again.headers["X-Audit-Record-Id"] == record_id
+    with pytest.raises(Problem) as refused:
+        _answer(idempotency, "k1", {"model": "tiny", "prompt": "transfer 9999 EUR to Mallory"})
+    assert (refused.value.status, refused.value.field) == (422, HEADER)
+    assert "different request body" in refused.value.detail
+
+
+def test_after_a_subject_key_rotation_a_key_claimed_before_0068_replays_to_no_body(
+        setting: Setting) -> None:
+    """A fingerprint keyed by the subject key (claimed before 0068): its key is destroyed
+    by the rotation, so no body can be compared, and its answer is never given to an
+    unknown request ("transfer 9999 EUR to Mallory" once got k1's record)."""
     setting.keep("k1", "transfer 10 EUR to Alice", subject="alice")
+    mark = fingerprint(ROUTE, {"model": "tiny", "prompt": "transfer 10 EUR to Alice"})
+    with setting.ledger.engine.begin() as conn:  # as a claim before 0068 stored it
+        conn.execute(receipts.update().where(receipts.c.idempotency_key == "k1").values(
+            fingerprint=receipt_fingerprint(setting.vault.keks.subject_key("bank-a"),
+                                            "bank-a", "k1", mark)))
     setting.vault.rotate_subject_key("bank-a")
     assert setting.stored_fingerprint("k1") is None
     idempotency = Idempotency(setting.store, timeout_s=5)

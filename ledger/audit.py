@@ -594,6 +594,12 @@ class _AuditScan:
 
     def _check(self, row: MirrorRow) -> bool:
         checkpoint, report = self.checkpoint, self.report
+        if row.leaf_index < 0:  # a forged row a scan from 0 never read
+            report.findings.append(AuditFinding(
+                ROW_EXTRA, f"extra mirror row at leaf {row.leaf_index} (record "
+                f"{row.record_id}): no leaf has a negative index", row.leaf_index,
+                row.record_id))
+            return True
         if self.log_size is not None and row.leaf_index >= max(self.log_size,
                                                                 checkpoint.size):
             report.findings.append(AuditFinding(

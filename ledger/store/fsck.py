@@ -28,6 +28,7 @@ holds is for verifiers, who pin the witnesses' keys.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -50,10 +51,12 @@ from ledger.store.log_api import (
     ScannedRows,
     scanned,
 )
+from ledger.store.range_workers import MIN_LEAF_INDEX
 
 __all__ = ["BATCH", "Finding", "FsckReport", "RowWorkers", "fsck"]
 
 BATCH = 5000
+LEAF_INDEX_END = 2**63  # one past the largest leaf index a BIGINT holds
 
 
 @dataclass
@@ -77,6 +80,8 @@ class WalkedLog(EvidenceLog, Protocol):
     """A log ``fsck`` walks: where the next stored leaf hash and mirror row are, so a
     stretch with nothing stored is skipped, not walked index by index (the stored tree
     size, like any stored value, can be set to anything: 2**63 - 1 must not hang it)."""
+
+    def read_leaves(self, start: int, end: int) -> dict[int, bytes]: ...
 
     def next_leaf_from(self, index: int) -> int | None: ...
 
@@ -104,41 +109,51 @@ def fsck(
     item = next(items, None)
     recomputed = True  # every leaf so far is in ``compact``: the tree can be recomputed
 
+    walked = min(size, LEAF_INDEX_END)  # a stored size beyond any index: up to the last
     start = 0
-    while start < size:
-        end = min(start + BATCH, size)
-        leaves = ledger.read_nodes([(0, i) for i in range(start, end)])
+    while start < walked:
+        end = min(start + BATCH, walked)
+        leaves = ledger.read_leaves(start, end)
         if not leaves and not _row_before(item, end):
             # Nothing stored in the whole batch: the stretch up to the next leaf hash or
             # row stored is one finding of each kind, and the tree beyond it is not
             # recomputed (its leaves are not there to recompute it from).
-            resume = _next_stored(ledger, end, item, size)
-            span = f"leaves {start}..{resume - 1}"
-            report.findings.append(Finding("node_missing", span,
-                                           "no leaf hash for any of them"))
-            report.findings.append(Finding("record_missing", span,
-                                           "log entries with no mirror row"))
+            resume = _next_stored(ledger, end, item, walked)
+            _stretch_missing(report, start, resume)
             recomputed = False
             start = resume
             if progress:
                 progress(start, size)
             continue
-        if leaves and len(leaves) < end - start:
+        if len(leaves) < end - start:
             # The batch ends early where nothing more is stored in it: what follows is
             # a stretch for the next batch to report as one.
-            after = max(index for _, index in leaves) + 1
+            after = max(leaves) + 1
             if after < end and _stored_from(ledger, after) >= end:
                 end = after
         created: list[tuple[merkle.Node, bytes]] = []
-        for index in range(start, end):
-            leaf = leaves.get((0, index))
-            if leaf is None:
-                report.findings.append(Finding("node_missing", f"leaf {index}", "no leaf hash"))
-                leaf = bytes(32)
+        present = iter(sorted(leaves))
+        next_leaf = next(present, end)
+        index = start
+        while index < end:
             while item is not None and _row_before(item, index):  # rows the log lacks
                 report.findings.append(Finding("record_extra", f"leaf {item[0]}",
                                                "mirror row with no log entry"))
                 item = next(items, None)
+            following = min(next_leaf, _row_at(item, end))
+            if following > index + 1:
+                # Indexes with neither a leaf hash nor a row: walked as one stretch, so
+                # the work follows what is stored, never the indexes' values.
+                _stretch_missing(report, index, following)
+                recomputed = False
+                index = following
+                continue
+            leaf = leaves.get(index)
+            if leaf is None:
+                report.findings.append(Finding("node_missing", f"leaf {index}", "no leaf hash"))
+                leaf = bytes(32)
+            else:
+                next_leaf = next(present, end)
             if item is None or item[0] != index:
                 report.findings.append(Finding("record_missing", f"leaf {index}",
                                                "log entry with no mirror row"))
@@ -150,6 +165,7 @@ def fsck(
                 created.extend(node for node in compact.append(leaf) if node[0][0] > 0)
                 if compact.size in wanted_sizes:
                     roots_at[compact.size] = compact.root()
+            index += 1
         stored = ledger.read_nodes([key for key, _ in created])
         for key, expected in created:
             if stored.get(key) != expected:
@@ -207,20 +223,32 @@ def fsck(
     return report
 
 
+def _numeric(value: Any) -> bool:
+    """A stored leaf index that compares as a number: an integer, or a finite real (7.5)
+    as SQLite keeps a tampered one; text and infinities are no position in the log."""
+    return type(value) is int or (type(value) is float and math.isfinite(value))
+
+
 def _row_before(item: Any, end: int) -> bool:
     """Whether the next row (``item``) is one before leaf ``end``: a tampered index that
-    is a real (7.5) compares as a number, one that is text as no row here (it is
+    is a real (7.5) compares as a number; text or an infinity as no row here (it is
     reported as extra after the walk)."""
-    return item is not None and type(item[0]) in (int, float) and item[0] < end
+    return item is not None and _numeric(item[0]) and item[0] < end
+
+
+def _row_at(item: Any, end: int) -> int:
+    """The first leaf index at or after the next row's (``end`` if none before it)."""
+    if item is None or not _numeric(item[0]):
+        return end
+    at: int = math.ceil(item[0])
+    return min(end, at)
 
 
 def _next_stored(ledger: WalkedLog, index: int, item: Any, size: int) -> int:
     """Where something is stored again from ``index`` on: the next leaf hash or the next
     row (``item``), at most ``size``."""
-    following = [size, ledger.next_leaf_from(index)]
-    if item is not None and type(item[0]) in (int, float):
-        following.append(int(item[0]))
-    return max(index, min(at for at in following if at is not None))
+    return max(index, min(size, _row_at(item, size),
+                          ledger.next_leaf_from(index) or size))
 
 
 def _stored_from(ledger: WalkedLog, index: int) -> int | float:
@@ -229,6 +257,18 @@ def _stored_from(ledger: WalkedLog, index: int) -> int | float:
     found = [at for at in (ledger.next_leaf_from(index), ledger.next_row_from(index))
              if at is not None]
     return min(found, default=float("inf"))
+
+
+def _stretch_missing(report: FsckReport, start: int, end: int) -> None:
+    """Leaves [start, end) with neither a leaf hash nor a row: one finding of each kind."""
+    if end - start == 1:
+        report.findings.append(Finding("node_missing", f"leaf {start}", "no leaf hash"))
+        report.findings.append(Finding("record_missing", f"leaf {start}",
+                                       "log entry with no mirror row"))
+        return
+    span = f"leaves {start}..{end - 1}"
+    report.findings.append(Finding("node_missing", span, "no leaf hash for any of them"))
+    report.findings.append(Finding("record_missing", span, "log entries with no mirror row"))
 
 
 def _raw_rows(ledger: EvidenceLog, start: int = 0, end: int | None = None
@@ -260,7 +300,7 @@ class _RowChecks:
             ranges = workers.ranges(self.ledger.next_row_from)
             if workers.used(ranges):
                 return fsck_verdicts(workers, self.origin, ranges), self.judge_verdict
-        return _raw_rows(self.ledger), self.judge_raw
+        return _raw_rows(self.ledger, MIN_LEAF_INDEX), self.judge_raw
 
     def judge_raw(self, item: tuple[int, tuple[Any, ...], ScannedRows], leaf: bytes) -> None:
         """A row read here (``_raw_rows``)."""

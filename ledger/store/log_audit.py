@@ -7,11 +7,11 @@ from contextlib import closing
 from datetime import datetime
 from typing import Any
 
-from ledger.audit import AuditReport, MirrorRow, audit_answers, audit_scan
+from ledger.audit import ROW_EXTRA, AuditReport, MirrorRow, audit_answers, audit_scan
 from ledger.checkpoint import Checkpoint
 from ledger.store.audit_workers import audit_answers_of
 from ledger.store.log_api import ScannedRows
-from ledger.store.range_workers import RowWorkers
+from ledger.store.range_workers import MIN_LEAF_INDEX, RowWorkers
 from ledger.store.sql import SqlLedger
 
 
@@ -26,8 +26,9 @@ def audit_log(ledger: SqlLedger, checkpoint: Checkpoint, since: datetime, until:
     # stored tree size: that can be set to anything.
     ranges = workers.ranges(ledger.mirror.next_row_from) if workers is not None else []
     if workers is None or not workers.used(ranges):
-        return audit_scan(ledger.scan_records(), _row_of, checkpoint, since, until,
-                          log_size=log_size, environments=environments)
+        report = audit_scan(ledger.scan_records(MIN_LEAF_INDEX), _row_of, checkpoint,
+                            since, until, log_size=log_size, environments=environments)
+        return _appended_meanwhile(ledger, report)
 
     def reread(index: int) -> MirrorRow | None:
         for chunk in ledger.scan_records(index, index + 1):
@@ -38,9 +39,22 @@ def audit_log(ledger: SqlLedger, checkpoint: Checkpoint, since: datetime, until:
     # Closed however the scan ends, so no worker outlives it.
     with closing(audit_answers_of(workers, ranges, checkpoint.origin, checkpoint.size,
                                   since, until)) as answers:
-        return audit_answers(answers, lambda raw: _row_of(reading, raw), reread,
-                             checkpoint, since, until, log_size=log_size,
-                             environments=environments)
+        report = audit_answers(answers, lambda raw: _row_of(reading, raw), reread,
+                               checkpoint, since, until, log_size=log_size,
+                               environments=environments)
+    return _appended_meanwhile(ledger, report)
+
+
+def _appended_meanwhile(ledger: SqlLedger, report: AuditReport) -> AuditReport:
+    """``report`` without the extra rows the log has after all: the tree size was read
+    before the rows, so a live log's appends since are no finding. Rows still beyond
+    the size read now (or at a negative index) stay extra."""
+    if not any(f.kind == ROW_EXTRA for f in report.findings):
+        return report
+    size, _ = ledger.tree_head()
+    report.findings = [f for f in report.findings if not (
+        f.kind == ROW_EXTRA and f.leaf_index is not None and 0 <= f.leaf_index < size)]
+    return report
 
 
 def _row_of(chunk: ScannedRows, raw: tuple[Any, ...]) -> MirrorRow:

@@ -139,6 +139,20 @@ class MemoryLog(TreeProofs):
         with self._lock:
             return self._compact.size, self._compact.root()
 
+    def read_leaves(self, start: int, end: int) -> dict[int, bytes]:
+        with self._lock:
+            return {index: self._nodes[(0, index)]
+                    for index in range(max(start, 0), min(end, self._compact.size))
+                    if (0, index) in self._nodes}
+
+    def next_leaf_from(self, index: int) -> int | None:
+        with self._lock:
+            return max(index, 0) if index < self._compact.size else None
+
+    def next_row_from(self, index: int) -> int | None:
+        with self._lock:
+            return max(index, 0) if index < len(self._rows) else None
+
     def read_nodes(self, keys: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
         with self._lock:
             return {key: self._nodes[key] for key in keys if key in self._nodes}

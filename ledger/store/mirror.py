@@ -71,6 +71,8 @@ class SqlMirror:
         """The lowest leaf index of a mirror row at or after ``index`` (an index seek);
         None if there is none, or if it is stored as no integer (as SQLite lets a
         tampered row hold): whole-log scans place their ranges by it."""
+        if index >= 2**63:  # beyond any BIGINT
+            return None
         with self.engine.connect() as conn:
             found = conn.execute(select(func.min(records.c.leaf_index))
                                  .where(records.c.leaf_index >= index)).scalar()
@@ -224,11 +226,14 @@ class SqlMirror:
         dialect = self.engine.dialect
         eager, record_row, stored_time = self._raw_reading()
         mark = "%s" if dialect.name == "postgresql" else "?"
-        sql = (f"SELECT {', '.join(c.name for c in _SCAN_COLUMNS)} FROM records "
-               f"WHERE leaf_index >= {mark}" + (f" AND leaf_index < {mark}" if end is not None
-                                                 else "")
-               + f" ORDER BY leaf_index LIMIT {int(batch)}")
-        position = start
+        bound = f" AND leaf_index < {mark}" if end is not None else ""
+        columns = ", ".join(c.name for c in _SCAN_COLUMNS)
+        # The next page starts after the last value read, as stored: a tampered index
+        # SQLite keeps as a real or as text pages on as the order places it.
+        first, following = (
+            f"SELECT {columns} FROM records WHERE leaf_index {op} {mark}{bound} "
+            f"ORDER BY leaf_index LIMIT {int(batch)}" for op in (">=", ">"))
+        sql, position = first, start
         while True:
             pooled = self.engine.raw_connection()
             try:
@@ -245,7 +250,7 @@ class SqlMirror:
                 yield ScannedRows(found, _TYPED_COLUMNS, record_row, stored_time)
             if len(found) < batch:
                 return
-            position = int(found[-1][0]) + 1
+            sql, position = following, found[-1][0]
 
     def scanned(self, rows: Sequence[tuple[Any, ...]]) -> ScannedRows:
         """Rows as ``scan_records`` of this database yields them raw (read by another

@@ -30,6 +30,9 @@ from ledger.store.sql import make_engine
 ROWS_PER_RANGE = 25_000  # a worker's task: its start-up and reading are a small part
 MAX_WORKERS = 8  # beyond this the parent's share (tree, leaf comparisons) dominates
 MAX_LEAF_INDEX = 2**63 - 1  # a BIGINT's largest: no range starts beyond it
+# A BIGINT's smallest: whole-log scans start there, so a row a tampering put at a
+# negative index is read (and reported), never skipped.
+MIN_LEAF_INDEX = -(2**63)
 
 Span = tuple[int, int | None]  # leaf indexes [start, end), end None: to the last row
 
@@ -71,16 +74,17 @@ class RowWorkers:
     rows_per_range: int = ROWS_PER_RANGE
 
     def ranges(self, next_row_from: Callable[[int], int | None]) -> list[Span]:
-        """Leaf-index ranges covering every row from 0 on, the last open (rows beyond
+        """Leaf-index ranges covering every row (the first from ``MIN_LEAF_INDEX``, the
+        last open (rows beyond
         the log's size are the parent's to report). Each range starts at a stored row
         (``next_row_from(i)``: the lowest leaf index of a row at or after ``i``, None if
         none or unreadable), about ``rows_per_range`` after the one before: ranges follow
         the rows stored, never a stored size or a stored index's mere value, since the
         database's owner can set either to anything (2**63 - 1 must not mean millions of
         empty ranges)."""
-        starts = [0]
-        while starts[-1] <= MAX_LEAF_INDEX - self.rows_per_range:
-            wanted = starts[-1] + self.rows_per_range
+        starts = [MIN_LEAF_INDEX]
+        while max(starts[-1], 0) <= MAX_LEAF_INDEX - self.rows_per_range:
+            wanted = max(starts[-1], 0) + self.rows_per_range
             following = next_row_from(wanted)
             if following is None or following < wanted:
                 break

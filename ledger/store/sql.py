@@ -719,10 +719,21 @@ class SqlLedger(TreeProofs):
         with self.engine.connect() as conn:
             return _read_nodes(conn, keys)
 
+    def read_leaves(self, start: int, end: int) -> dict[int, bytes]:
+        """The leaf hashes stored at indexes [start, end), by index (a range read: its
+        cost follows what is stored). A tampered index stored as no integer is none."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(tree_nodes.c.idx, tree_nodes.c.hash).where(
+                tree_nodes.c.level == 0, tree_nodes.c.idx >= start,
+                tree_nodes.c.idx <= end - 1)).all()  # ``end`` may be 2**63, no BIGINT
+        return {idx: stored_bytes(leaf) for idx, leaf in rows if type(idx) is int}
+
     def next_leaf_from(self, index: int) -> int | None:
         """The lowest index of a stored leaf hash at or after ``index`` (an index seek);
         None if there is none or it is stored as no integer. ``log fsck`` skips by it
         what nothing is stored for, however large the stored tree size."""
+        if index >= 2**63:  # beyond any BIGINT
+            return None
         with self.engine.connect() as conn:
             found = conn.execute(select(func.min(tree_nodes.c.idx)).where(
                 tree_nodes.c.level == 0, tree_nodes.c.idx >= index)).scalar()

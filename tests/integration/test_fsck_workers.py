@@ -94,7 +94,7 @@ def test_one_worker_or_one_range_is_checked_in_this_process() -> None:
     four = RowWorkers("sqlite:///x.db", workers=4, rows_per_range=5)
     assert not four.used(four.ranges(rows(range(5))))
     assert RowWorkers("sqlite:///x.db", workers=2, rows_per_range=5).ranges(
-        rows(range(11))) == [(0, 5), (5, 10), (10, None)]
+        rows(range(11))) == [(-(2**63), 5), (5, 10), (10, None)]
 
 
 def test_ranges_follow_the_rows_stored_not_their_indexes_values() -> None:
@@ -107,7 +107,8 @@ def test_ranges_follow_the_rows_stored_not_their_indexes_values() -> None:
         return next((at for at in stored if at >= index), None)
 
     assert RowWorkers("sqlite:///x.db", workers=2, rows_per_range=5).ranges(
-        next_row_from) == [(0, 5), (5, 10), (10, 1000), (1000, 2**63 - 2), (2**63 - 2, None)]
+        next_row_from) == [(-(2**63), 5), (5, 10), (10, 1000), (1000, 2**63 - 2),
+                           (2**63 - 2, None)]
 
 
 def test_the_cli_takes_a_worker_count_and_refuses_none(

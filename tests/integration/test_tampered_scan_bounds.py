@@ -202,3 +202,123 @@ def test_fsck_reads_a_text_leaf_hash_as_a_wrong_one(sqlite_url: str,
     found = _fsck_both(sqlite_url, signer)
     assert [kind for kind, _, _ in found][:2] == ["record_altered", "node_mismatch"]
     assert found[0][1].startswith("leaf 8 (record ")
+
+
+def _fsck_ends(url: str, signer: NoteSigner) -> list[tuple[str, str, str]]:
+    """Both paths end with the same findings and at least one (no internal error)."""
+    found = _fsck_both(url, signer)
+    assert found
+    return found
+
+
+def test_fsck_ends_on_an_infinite_leaf_index(sqlite_url: str, signer: NoteSigner) -> None:
+    """Found by review: SQLite keeps 9e999 as +inf, and ``int(inf)`` raised
+    OverflowError where the code before named the row as extra."""
+    _build(sqlite_url, signer)
+    last = SIZE - 1
+    _sql(sqlite_url, "UPDATE records SET leaf_index = 9e999 WHERE leaf_index = :at", at=last)
+    _sql(sqlite_url, "DELETE FROM tree_nodes WHERE level = 0 AND idx = :at", at=last)
+    found = _fsck_ends(sqlite_url, signer)
+    assert ("record_extra", "leaf inf", "mirror row beyond the log's size") in found
+    assert ("record_missing", f"leaf {last}", "log entry with no mirror row") in found
+
+
+def test_fsck_ends_on_a_tree_size_beyond_any_leaf_index(sqlite_url: str,
+                                                         signer: NoteSigner) -> None:
+    """A size of 1e30 and a leaf hash near 2**63: the batch after it ran past the largest
+    BIGINT and binding its end raised OverflowError."""
+    _build(sqlite_url, signer)
+    _sql(sqlite_url, "UPDATE tree_state SET size = 1e30")
+    _sql(sqlite_url, "INSERT INTO tree_nodes (level, idx, hash) VALUES "
+         "(0, 9223372036854775707, zeroblob(32))")
+    found = _fsck_ends(sqlite_url, signer)
+    assert ("node_missing", f"leaves {SIZE}..9223372036854775706",
+            "no leaf hash for any of them") in found
+
+
+def test_fsck_findings_follow_the_leaves_stored_not_the_stretches_between(
+        ledger_url: str, signer: NoteSigner) -> None:
+    """Found by review: two leaf hashes at the edges of each batch of 5,000 indexes made
+    fsck walk and report every index between them (200,002 findings from 40 rows). Each
+    stretch with nothing stored is now one finding, whatever its length."""
+    _build(ledger_url, signer)
+    _sql(ledger_url, "UPDATE tree_state SET size = :s", s=2**63 - 1)
+    planted = [(0, k * 10**15 + at, bytes(32)) for k in range(1, 21) for at in (0, 4999)]
+    with SqlLedger(ledger_url) as ledger, ledger.engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO tree_nodes (level, idx, hash) VALUES "
+            + ", ".join(["(%s, %s, %s)" if ledger.is_postgres else "(?, ?, ?)"]
+                        * len(planted)), tuple(v for row in planted for v in row))
+    found = _fsck_ends(ledger_url, signer)
+    assert len(found) <= 6 * len(planted), len(found)
+
+
+def test_a_text_leaf_index_ending_a_page_is_read_alike_with_workers(
+        sqlite_url: str, signer: NoteSigner) -> None:
+    """Found by review: 5,000 rows at text indexes filled a read page, and paging on by
+    ``int(last index) + 1`` raised ValueError in a worker (exit 4) where one process
+    named the first as ``row_malformed``."""
+    _build(sqlite_url, signer)
+    with SqlLedger(sqlite_url) as ledger, ledger.engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TEMP TABLE copied AS SELECT * FROM records "
+                             "WHERE leaf_index = 25")
+        conn.exec_driver_sql(
+            "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 4999) "
+            "INSERT INTO records SELECT 'x' || printf('%04d', i), 'rid-' || i, created_at, "
+            "tenant, model_name, model_digest, accelerator, accelerator_model, "
+            "driver_version, torch_version, torch_commit, service_revision, "
+            "input_commitment, output_commitment, canonical, body, environment_index "
+            "FROM copied, n")
+    found = _audit_both(sqlite_url, signer)
+    assert [(kind, message) for kind, _, message in found] == [
+        ("row_malformed", "a mirror row (record rid-0): its leaf index is stored as "
+         "'x0000', not an integer")]
+    assert sum(kind == "record_extra" for kind, _, _ in _fsck_ends(sqlite_url, signer)) \
+        == 5000
+
+
+def test_a_row_forged_at_a_negative_index_is_found(ledger_url: str,
+                                                   signer: NoteSigner) -> None:
+    """Found by review: both scans started at leaf 0, so a forged row at -1, which the
+    mirror serves first and as covered by the checkpoint, was checked by neither."""
+    _build(ledger_url, signer)
+    with SqlLedger(ledger_url) as ledger, ledger.engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TEMP TABLE copied AS SELECT * FROM records "
+                             "WHERE leaf_index = 8")
+        conn.exec_driver_sql("UPDATE copied SET leaf_index = -1, record_id = 'forged-1'")
+        conn.exec_driver_sql("INSERT INTO records SELECT * FROM copied")
+    assert [(kind, index) for kind, index, _ in _audit_both(ledger_url, signer)] == [
+        ("row_extra", -1)]
+    assert _fsck_ends(ledger_url, signer) == [
+        ("record_extra", "leaf -1", "mirror row with no log entry")]
+
+
+def test_rows_appended_while_audit_reads_are_not_extra(ledger_url: str,
+                                                       signer: NoteSigner) -> None:
+    """Found by review: the tree size is read before the rows, so a live log's appends
+    in between were ``row_extra`` findings on an honest log."""
+    declared = _build(ledger_url, signer)[0]
+    appended = build_records_v2(
+        origin=ORIGIN, engine="engine-0", environment=EnvironmentRef(0, declared.leaf_hash),
+        batch_id="ee" * 16, padded_length=ROWS, padding_side="left",
+        generation={"max_new_tokens": 24, "temperature": 0}, timings_ms={"forward": 1.0},
+        rows=[_facts(row) for row in range(ROWS)])
+    with SqlLedger(ledger_url) as ledger:
+        read_size = ledger.tree_head
+
+        def size_then_appends() -> tuple[int, bytes]:
+            head = read_size()
+            if appended:
+                with SqlLedger(ledger_url).start() as writer:
+                    for leaf in appended:
+                        writer.append(leaf)
+                appended.clear()
+            return head
+
+        ledger.tree_head = size_then_appends  # type: ignore[method-assign]
+        latest = ledger.latest_checkpoint()
+        assert latest is not None
+        checkpoint = signer.verifier().open_checkpoint(latest.note, signer.verifier().name)
+        report = audit_log(ledger, checkpoint, *EVERYTHING, None)
+    assert report.ok, report.findings
+    assert report.rows_checked == SIZE  # the log as its size was read: later rows wait

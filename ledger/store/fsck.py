@@ -44,6 +44,7 @@ from ledger.leaves.stream_link import StartFacts
 from ledger.store.fsck_row import Finding, link_findings, row_findings
 from ledger.store.fsck_workers import Checked, Proven, RowWorkers, fsck_verdicts
 from ledger.store.log_api import (
+    MIN_LEAF_INDEX,
     AnchoredCheckpoint,
     EvidenceLog,
     RecordRow,
@@ -51,7 +52,6 @@ from ledger.store.log_api import (
     ScannedRows,
     scanned,
 )
-from ledger.store.range_workers import MIN_LEAF_INDEX
 
 __all__ = ["BATCH", "Finding", "FsckReport", "RowWorkers", "fsck"]
 
@@ -223,25 +223,29 @@ def fsck(
     return report
 
 
-def _numeric(value: Any) -> bool:
-    """A stored leaf index that compares as a number: an integer, or a finite real (7.5)
-    as SQLite keeps a tampered one; text and infinities are no position in the log."""
-    return type(value) is int or (type(value) is float and math.isfinite(value))
+def _position(value: Any) -> float | None:
+    """Where a stored leaf index places its row: an integer, or a real as SQLite keeps a
+    tampered one (7.5, -inf: compared as numbers); None for text (reported as extra
+    after the walk)."""
+    if type(value) is int or (type(value) is float and not math.isnan(value)):
+        return float(value) if type(value) is float else value
+    return None
 
 
 def _row_before(item: Any, end: int) -> bool:
-    """Whether the next row (``item``) is one before leaf ``end``: a tampered index that
-    is a real (7.5) compares as a number; text or an infinity as no row here (it is
-    reported as extra after the walk)."""
-    return item is not None and _numeric(item[0]) and item[0] < end
+    """Whether the next row (``item``) is one before leaf ``end``."""
+    at = None if item is None else _position(item[0])
+    return at is not None and at < end
 
 
 def _row_at(item: Any, end: int) -> int:
-    """The first leaf index at or after the next row's (``end`` if none before it)."""
-    if item is None or not _numeric(item[0]):
+    """The first leaf index at or after the next row's (``end`` if none before it); the
+    rows before the walk's index are taken already, so this one is finite."""
+    at = None if item is None else _position(item[0])
+    if at is None or at >= end:
         return end
-    at: int = math.ceil(item[0])
-    return min(end, at)
+    first: int = math.ceil(at)
+    return first
 
 
 def _next_stored(ledger: WalkedLog, index: int, item: Any, size: int) -> int:

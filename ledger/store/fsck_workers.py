@@ -101,7 +101,7 @@ class _RangeChecker:
             findings, leaf = row_findings(row, where, self.origin, self.layouts)
         except Exception:  # noqa: BLE001 - the parent repeats the row (see ``Checked``)
             findings, leaf = None, None
-        return Checked(row.leaf_index, leaf_hash, row.record_id, findings, leaf)
+        return Checked(raw[0], leaf_hash, row.record_id, findings, leaf)  # as stored
 
 
 _checker: _RangeChecker | None = None  # this worker process's

@@ -76,6 +76,12 @@ class LogMeta:
     created_at: datetime
 
 
+# A BIGINT's smallest. A whole-log scan starting here reads with no lower bound at all:
+# a row a tampering put at a negative index, or at a real below any BIGINT (SQLite keeps
+# -1e19 or -inf), is read and reported, never skipped.
+MIN_LEAF_INDEX = -(2**63)
+
+
 @dataclass(frozen=True)
 class RecordRow:
     leaf_index: int

@@ -10,8 +10,8 @@ from typing import Any
 from ledger.audit import ROW_EXTRA, AuditReport, MirrorRow, audit_answers, audit_scan
 from ledger.checkpoint import Checkpoint
 from ledger.store.audit_workers import audit_answers_of
-from ledger.store.log_api import ScannedRows
-from ledger.store.range_workers import MIN_LEAF_INDEX, RowWorkers
+from ledger.store.log_api import MIN_LEAF_INDEX, ScannedRows
+from ledger.store.range_workers import RowWorkers
 from ledger.store.sql import SqlLedger
 
 

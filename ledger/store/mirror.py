@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 
 from ledger.errors import InvalidInputError
 from ledger.leaves.mirror import LOG_WIDE_TENANT
-from ledger.store.log_api import RecordRow, ScannedRows
+from ledger.store.log_api import MIN_LEAF_INDEX, RecordRow, ScannedRows
 from ledger.store.schema import anchors, checkpoints, environments, records
 
 QUERY_FILTERS = ("tenant", "model_digest", "accelerator_model", "driver_version",
@@ -229,16 +229,21 @@ class SqlMirror:
         bound = f" AND leaf_index < {mark}" if end is not None else ""
         columns = ", ".join(c.name for c in _SCAN_COLUMNS)
         # The next page starts after the last value read, as stored: a tampered index
-        # SQLite keeps as a real or as text pages on as the order places it.
+        # SQLite keeps as a real or as text pages on as the order places it. From
+        # MIN_LEAF_INDEX the first page has no lower bound (SQLite orders -1e19 below it).
         first, following = (
             f"SELECT {columns} FROM records WHERE leaf_index {op} {mark}{bound} "
             f"ORDER BY leaf_index LIMIT {int(batch)}" for op in (">=", ">"))
+        if start <= MIN_LEAF_INDEX:
+            first = (f"SELECT {columns} FROM records WHERE 1 = 1{bound} "
+                     f"ORDER BY leaf_index LIMIT {int(batch)}")
         sql, position = first, start
         while True:
             pooled = self.engine.raw_connection()
             try:
                 cursor = pooled.cursor()
-                cursor.execute(sql, (position,) if end is None else (position, end))
+                values = () if sql is first and start <= MIN_LEAF_INDEX else (position,)
+                cursor.execute(sql, values if end is None else (*values, end))
                 found = cursor.fetchall()
                 cursor.close()
                 pooled.rollback()  # a read: nothing to keep, no transaction left open

@@ -25,14 +25,12 @@ from sqlalchemy import Engine, create_engine, make_url
 from sqlalchemy.pool import StaticPool
 
 from ledger.errors import BackendUnavailableError
+from ledger.store.log_api import MIN_LEAF_INDEX
 from ledger.store.sql import make_engine
 
 ROWS_PER_RANGE = 25_000  # a worker's task: its start-up and reading are a small part
 MAX_WORKERS = 8  # beyond this the parent's share (tree, leaf comparisons) dominates
 MAX_LEAF_INDEX = 2**63 - 1  # a BIGINT's largest: no range starts beyond it
-# A BIGINT's smallest: whole-log scans start there, so a row a tampering put at a
-# negative index is read (and reported), never skipped.
-MIN_LEAF_INDEX = -(2**63)
 
 Span = tuple[int, int | None]  # leaf indexes [start, end), end None: to the last row
 

@@ -112,6 +112,12 @@ def is_erased_answer(answer: dict[str, Any] | None) -> bool:
     return isinstance(problem, dict) and problem.get("code") == "content_erased"
 
 
+def _keyed_by_receipt(fingerprint: bytes) -> bool:
+    """A fingerprint under its receipt's own key (0068): 0x02 and a 32-byte MAC. One of
+    0062's bare 32-byte MACs may start with 0x02 too; its length tells them apart."""
+    return len(fingerprint) == 33 and fingerprint[:1] == RECEIPT_FINGERPRINT_2
+
+
 def names_any(record_ids: Iterable[str]) -> Any:
     """Receipts whose ``record_ids`` (comma-joined) name one of these records."""
     from sqlalchemy import or_
@@ -141,18 +147,25 @@ class ReceiptStore:
         died before answering), is taken over: it then belongs to ``owner``.
         """
         now = _now()
-        values = {**self._mark(tenant, key, fingerprint), "state": "pending",
-                  "response": None, "response_ct": None, "record_ids": None,
-                  "created_at": now, "expires_at": now + self.ttl, "owner": owner}
+        values = {"state": "pending", "response": None, "response_ct": None,
+                  "record_ids": None, "fingerprint": None, "kek_id": None,
+                  "wrapped_key": None, "created_at": now, "expires_at": now + self.ttl,
+                  "owner": owner}
         try:
             with self.engine.begin() as conn:
+                # The row first (on SQLite its write lock), then the key: wrapped under
+                # the KEK current once no erasure or rotation can run, so none destroys
+                # it before this commits (decision 0068).
+                lock_tenant(conn, tenant, exclusive=False)
                 conn.execute(insert(receipts).values(tenant=tenant, idempotency_key=key,
                                                      **values))
+                self._keyed(conn, tenant, key, fingerprint)
             return None
         except IntegrityError:
             pass
         stale = now - timedelta(seconds=stale_after_s)
         with self.engine.begin() as conn:
+            lock_tenant(conn, tenant, exclusive=False)
             taken = conn.execute(
                 update(receipts)
                 .where(receipts.c.tenant == tenant, receipts.c.idempotency_key == key)
@@ -160,6 +173,8 @@ class ReceiptStore:
                        | ((receipts.c.state == "pending") & (receipts.c.created_at < stale)))
                 .values(**values)
             ).rowcount
+            if taken:
+                self._keyed(conn, tenant, key, fingerprint)
         if taken:
             return None
         found = self.get(tenant, key)
@@ -184,6 +199,12 @@ class ReceiptStore:
 
     def _subject_keys(self, tenant: str) -> list[bytes]:
         return [NO_KEY_STORE_KEY] if self.keks is None else self.keks.subject_keys(tenant)
+
+    def _keyed(self, conn: Connection, tenant: str, key: str, fingerprint: bytes) -> None:
+        """Store the claim's fingerprint and key (``_mark``) in ``conn``'s transaction."""
+        conn.execute(update(receipts).where(receipts.c.tenant == tenant,
+                                            receipts.c.idempotency_key == key)
+                     .values(**self._mark(tenant, key, fingerprint)))
 
     def _mark(self, tenant: str, key: str, fingerprint: bytes) -> dict[str, Any]:
         """A claim's stored fingerprint and key: a MAC under a fresh key of its own,
@@ -219,8 +240,16 @@ class ReceiptStore:
         body would hand one request's answer to a different request."""
         if held.fingerprint is None:
             return is_erased_answer(held.response)
-        if held.fingerprint[:1] == RECEIPT_FINGERPRINT_2:
+        if _keyed_by_receipt(held.fingerprint):
             receipt_key = self._receipt_key(tenant, key, held.kek_id, held.wrapped_key)
+            if receipt_key is None:
+                # Re-wrapped since it was read (an erasure of another record under its
+                # KEK): read once more before calling the bodies different.
+                fresh = self.get(tenant, key)
+                if fresh is None or fresh.fingerprint != held.fingerprint:
+                    return False
+                receipt_key = self._receipt_key(tenant, key, fresh.kek_id,
+                                                fresh.wrapped_key)
             return receipt_key is not None and hmac.compare_digest(
                 held.fingerprint, receipt_fingerprint_under(receipt_key, tenant, key,
                                                             fingerprint))
@@ -299,8 +328,7 @@ class ReceiptStore:
                     "wrapped_key": None}
         stored = claimed.fingerprint
         receipt_key = self._receipt_key(tenant, key, claimed.kek_id, claimed.wrapped_key)
-        if stored is not None and bytes(stored)[:1] == RECEIPT_FINGERPRINT_2 \
-                and receipt_key is not None:
+        if stored is not None and _keyed_by_receipt(bytes(stored)) and receipt_key is not None:
             return {"response": None, "kek_id": str(claimed.kek_id),
                     "wrapped_key": bytes(claimed.wrapped_key),
                     "response_ct": seal_receipt_under(receipt_key, tenant, key,

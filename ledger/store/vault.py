@@ -671,10 +671,13 @@ class ContentVault:
             # Their own keys' KEKs are destroyed with the content's, so a copy of the row
             # from before (a backup) cannot test a guessed body even with the key store
             # (0068): the other keys under those KEKs are re-wrapped first (``_rekey``).
+            # A receipt still pending names no record yet, and may be one of these
+            # records' (its answer turns 410 when completed): its KEK goes too, so a
+            # backup of it from before cannot be tested either.
             kek_ids.update(str(k) for (k,) in conn.execute(
-                select(receipts.c.kek_id).where(receipts.c.tenant == tenant,
-                                                names_any(record_ids),
-                                                receipts.c.kek_id.is_not(None))).all())
+                select(receipts.c.kek_id).where(
+                    receipts.c.tenant == tenant, receipts.c.kek_id.is_not(None),
+                    names_any(record_ids) | (receipts.c.state == "pending"))).all())
             for record_id in record_ids:
                 conn.execute(update(receipts).where(
                     receipts.c.tenant == tenant, names_any([record_id]))

@@ -252,3 +252,57 @@ def test_migration_removes_every_unkeyed_fingerprint(empty_url: str) -> None:
         left = conn.execute(text("SELECT idempotency_key, fingerprint FROM receipts")).all()
     engine.dispose()
     assert sorted(left) == [("erased", None), ("live", None), ("running", None)]
+
+
+def test_a_receipt_pending_while_its_record_is_erased_cannot_be_guessed_from_a_backup(
+        setting: Setting) -> None:
+    """Found by review: the erasure found receipts by the record ids they name, which a
+    pending one does not yet name; with a KEK epoch between the claim and the content,
+    the receipt's KEK survived, and a backup plus the key store found the PIN."""
+    prompt = "my PIN is 7236"
+    mark = fingerprint(ROUTE, {"model": "tiny", "prompt": prompt})
+    assert setting.store.claim("bank-a", "k1", mark, 600.0, "owner") is None
+    backup = _backup_row(setting, "k1")
+    setting.vault.keks.rotate("bank-a")  # a new KEK epoch begins while it runs
+    record_id = setting.keep("k2", prompt, subject="alice")  # the content, under it
+    setting.vault.erase(setting.ledger, "bank-a", subject="alice", requested_by="cli:dpo")
+    assert setting.store.complete("bank-a", "k1", "owner", {
+        "body": {"record_id": record_id}, "headers": {"X-Audit-Record-Id": record_id}})
+    assert _guess_pin_with_the_key_store(setting, backup) is None
+    assert setting.stored_fingerprint("k1") is None  # its 410 answers any body
+
+
+def test_a_same_body_retry_survives_a_rewrap_between_its_read_and_its_compare(
+        setting: Setting) -> None:
+    """Found by review: an erasure of another record re-wrapped the receipt's key and
+    destroyed the KEK after the retry read the row; comparing with the stale row said
+    "different body" (422) to the same body."""
+    setting.keep("k0", "other", subject="bob")
+    setting.keep("k1", "my PIN is 7236", subject="alice")
+    mark = fingerprint(ROUTE, {"model": "tiny", "prompt": "my PIN is 7236"})
+    held = setting.store.claim("bank-a", "k1", mark, 600.0, "second")
+    assert held is not None
+    setting.vault.erase(setting.ledger, "bank-a", subject="bob", requested_by="cli:dpo")
+    assert setting.store.same_request("bank-a", "k1", held, mark)
+    other = fingerprint(ROUTE, {"model": "tiny", "prompt": "my PIN is 0000"})
+    assert not setting.store.same_request("bank-a", "k1", held, other)
+
+
+def test_a_0062_fingerprint_starting_with_byte_2_still_matches_its_body(
+        setting: Setting) -> None:
+    """Found by review: the new form was told by its first byte alone, so one in 256 of
+    the fingerprints claimed before 0068 refused their own body."""
+    mark = fingerprint(ROUTE, {"model": "tiny", "prompt": "hello"})
+    subject_key = setting.vault.keks.subject_key("bank-a")
+    key, old = next((k, mac) for k in (f"key-{i}" for i in range(100_000))
+                    if (mac := receipt_fingerprint(subject_key, "bank-a", k, mark))[:1]
+                    == b"\x02")
+    assert setting.store.claim("bank-a", key, mark, 600.0, "owner") is None
+    with setting.ledger.engine.begin() as conn:  # as the code before 0068 stored it
+        conn.execute(receipts.update().where(receipts.c.idempotency_key == key).values(
+            fingerprint=old, kek_id=None, wrapped_key=None))
+    held = setting.store.get("bank-a", key)
+    assert held is not None and setting.store.same_request("bank-a", key, held, mark)
+    assert setting.store.complete("bank-a", key, "owner", {"body": {"x": 1}, "headers": {}})
+    held = setting.store.get("bank-a", key)
+    assert held is not None and setting.store.same_request("bank-a", key, held, mark)

@@ -322,3 +322,21 @@ def test_rows_appended_while_audit_reads_are_not_extra(ledger_url: str,
         report = audit_log(ledger, checkpoint, *EVERYTHING, None)
     assert report.ok, report.findings
     assert report.rows_checked == SIZE  # the log as its size was read: later rows wait
+
+
+@pytest.mark.parametrize("stored", ["-1e19", "-9e999"], ids=["below any bigint", "-inf"])
+def test_a_row_forged_below_any_bigint_is_found(stored: str, sqlite_url: str,
+                                                signer: NoteSigner) -> None:
+    """Found by review: SQLite orders a real below -2**63, so scans from there read
+    neither -1e19 nor -inf, and a forged row there passed both commands."""
+    _build(sqlite_url, signer)
+    with SqlLedger(sqlite_url) as ledger, ledger.engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TEMP TABLE copied AS SELECT * FROM records "
+                             "WHERE leaf_index = 5")
+        conn.exec_driver_sql(f"UPDATE copied SET leaf_index = {stored}, "
+                             "record_id = 'forged-0000'")
+        conn.exec_driver_sql("INSERT INTO records SELECT * FROM copied")
+    assert [kind for kind, _, _ in _audit_both(sqlite_url, signer)] == ["row_malformed"]
+    found = _fsck_ends(sqlite_url, signer)
+    assert [(kind, detail) for kind, _, detail in found] == [
+        ("record_extra", "mirror row with no log entry")]

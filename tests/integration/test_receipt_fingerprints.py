@@ -146,18 +146,13 @@ def test_a_backup_and_the_key_store_together_cannot_guess_an_erased_pin(
     a backup from before the erasure plus today's key store found the PIN. The MAC is now
     under the receipt's own key, whose KEK the erasure destroys."""
     setting.keep("k1", "my PIN is 7236", subject="alice")
-    setting.keep("k2", "my PIN is 1111", subject="bob")  # shares k1's KEK, not erased
+    bob = setting.keep("k2", "my PIN is 1111", subject="bob")  # shares k1's KEK
     backup = _backup_row(setting, "k1")
     assert _guess_pin_with_the_key_store(setting, backup) == "my PIN is 7236"  # before
     setting.vault.erase(setting.ledger, "bank-a", subject="alice", requested_by="cli:dpo")
     assert _guess_pin_with_the_key_store(setting, backup) is None
     # bob's receipt was re-wrapped under the new KEK: it still replays, and compares
-    idempotency = Idempotency(setting.store, timeout_s=5)
-    again = _answer(idempotency, "k2", {"prompt": "my PIN is 1111", "model": "tiny"})
-    assert again.status == 200
-    with pytest.raises(Problem) as refused:
-        _answer(idempotency, "k2", {"model": "tiny", "prompt": "my PIN is 2222"})
-    assert (refused.value.status, refused.value.field) == (422, HEADER)
+    _replays_and_refuses(setting, "k2", bob, "my PIN is 1111", "my PIN is 2222")
 
 
 def _answer(idempotency: Idempotency, key: str, body: dict[str, Any]) -> Any:
@@ -181,16 +176,22 @@ def test_erased_key_answers_410_to_the_right_and_a_wrong_body_alike(
             410, "content_erased", record_id)
 
 
+def _replays_and_refuses(setting: Setting, key: str, record_id: str, prompt: str,
+                         other: str) -> None:
+    """A retry of ``key`` with its own prompt replays its answer; with ``other``, 422."""
+    idempotency = Idempotency(setting.store, timeout_s=5)
+    again = _answer(idempotency, key, {"prompt": prompt, "model": "tiny"})
+    assert again.status == 200 and again.headers["X-Audit-Record-Id"] == record_id
+    with pytest.raises(Problem) as refused:
+        _answer(idempotency, key, {"model": "tiny", "prompt": other})
+    assert (refused.value.status, refused.value.field) == (422, HEADER)
+    assert "different request body" in refused.value.detail
+
+
 def test_a_live_key_replays_its_body_and_refuses_another_with_422(
         setting: Setting) -> None:
     record_id = setting.keep("k1", "my PIN is 7236", subject="alice")
-    idempotency = Idempotency(setting.store, timeout_s=5)
-    again = _answer(idempotency, "k1", {"prompt": "my PIN is 7236", "model": "tiny"})
-    assert again.status == 200 and again.headers["X-Audit-Record-Id"] == record_id
-    with pytest.raises(Problem) as refused:
-        _answer(idempotency, "k1", {"model": "tiny", "prompt": "my PIN is 0000"})
-    assert (refused.value.status, refused.value.field) == (422, HEADER)
-    assert "different request body" in refused.value.detail
+    _replays_and_refuses(setting, "k1", record_id, "my PIN is 7236", "my PIN is 0000")
     # The same body under another key, or another tenant, stores another MAC: a reader
     # of the table cannot even tell that two requests were the same.
     setting.keep("k2", "my PIN is 7236", subject="bob")
@@ -205,13 +206,8 @@ def test_after_a_subject_key_rotation_a_live_key_still_tells_bodies_apart(
     record_id = setting.keep("k1", "transfer 10 EUR to Alice", subject="alice")
     setting.vault.rotate_subject_key("bank-a")
     assert setting.stored_fingerprint("k1") is not None
-    idempotency = Idempotency(setting.store, timeout_s=5)
-    again = _answer(idempotency, "k1", {"model": "tiny", "prompt": "transfer 10 EUR to Alice"})
-    assert again.status == 200 and again.headers["X-Audit-Record-Id"] == record_id
-    with pytest.raises(Problem) as refused:
-        _answer(idempotency, "k1", {"model": "tiny", "prompt": "transfer 9999 EUR to Mallory"})
-    assert (refused.value.status, refused.value.field) == (422, HEADER)
-    assert "different request body" in refused.value.detail
+    _replays_and_refuses(setting, "k1", record_id, "transfer 10 EUR to Alice",
+                         "transfer 9999 EUR to Mallory")
 
 
 def test_after_a_subject_key_rotation_a_key_claimed_before_0068_replays_to_no_body(

@@ -15,6 +15,7 @@ import pytest
 
 from ledger.audit import AuditReport
 from ledger.checkpoint import NoteSigner
+from ledger.leaves.envelope import Leaf
 from ledger.leaves.record_v2 import EnvironmentRef, build_records_v2
 from ledger.store.fsck import FsckReport, RowWorkers, fsck
 from ledger.store.log_audit import audit_log
@@ -58,6 +59,24 @@ def _fsck(url: str, signer: NoteSigner, workers: RowWorkers | None) -> FsckRepor
     assert outcome, "fsck did not end"
     assert isinstance(outcome[0], FsckReport), outcome
     return outcome[0]
+
+
+def _one_more_batch(declared: Leaf, batch_id: str) -> list[Leaf]:
+    """A batch of records after ``_build``'s, naming its environment leaf ``declared``."""
+    return build_records_v2(
+        origin=ORIGIN, engine="engine-0", environment=EnvironmentRef(0, declared.leaf_hash),
+        batch_id=batch_id, padded_length=ROWS, padding_side="left",
+        generation={"max_new_tokens": 24, "temperature": 0}, timings_ms={"forward": 1.0},
+        rows=[_facts(row) for row in range(ROWS)])
+
+
+def _forge_copy(url: str, at: int, assignments: str) -> None:
+    """Insert a copy of the row at leaf ``at`` with ``assignments`` (SQL SET clauses)."""
+    with SqlLedger(url) as ledger, ledger.engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE TEMP TABLE copied AS SELECT * FROM records "
+                             f"WHERE leaf_index = {int(at)}")
+        conn.exec_driver_sql(f"UPDATE copied SET {assignments}")
+        conn.exec_driver_sql("INSERT INTO records SELECT * FROM copied")
 
 
 def _fsck_both(url: str, signer: NoteSigner) -> list[tuple[str, str, str]]:
@@ -122,12 +141,7 @@ def test_audit_owes_rows_for_leaves_beyond_the_checkpoint(
         ledger_url: str, signer: NoteSigner) -> None:
     """Rows the checkpoint does not cover yet must still be there: a deleted one is
     ``rows_missing`` (audit said COMPLETE)."""
-    declared = _build(ledger_url, signer)[0]
-    unsealed = build_records_v2(
-        origin=ORIGIN, engine="engine-0", environment=EnvironmentRef(0, declared.leaf_hash),
-        batch_id="ff" * 16, padded_length=ROWS, padding_side="left",
-        generation={"max_new_tokens": 24, "temperature": 0}, timings_ms={"forward": 1.0},
-        rows=[_facts(row) for row in range(ROWS)])
+    unsealed = _one_more_batch(_build(ledger_url, signer)[0], "ff" * 16)
     with SqlLedger(ledger_url).start() as ledger:
         for leaf in unsealed:
             ledger.append(leaf)
@@ -282,11 +296,7 @@ def test_a_row_forged_at_a_negative_index_is_found(ledger_url: str,
     """Found by review: both scans started at leaf 0, so a forged row at -1, which the
     mirror serves first and as covered by the checkpoint, was checked by neither."""
     _build(ledger_url, signer)
-    with SqlLedger(ledger_url) as ledger, ledger.engine.begin() as conn:
-        conn.exec_driver_sql("CREATE TEMP TABLE copied AS SELECT * FROM records "
-                             "WHERE leaf_index = 8")
-        conn.exec_driver_sql("UPDATE copied SET leaf_index = -1, record_id = 'forged-1'")
-        conn.exec_driver_sql("INSERT INTO records SELECT * FROM copied")
+    _forge_copy(ledger_url, 8, "leaf_index = -1, record_id = 'forged-1'")
     assert [(kind, index) for kind, index, _ in _audit_both(ledger_url, signer)] == [
         ("row_extra", -1)]
     assert _fsck_ends(ledger_url, signer) == [
@@ -297,12 +307,7 @@ def test_rows_appended_while_audit_reads_are_not_extra(ledger_url: str,
                                                        signer: NoteSigner) -> None:
     """Found by review: the tree size is read before the rows, so a live log's appends
     in between were ``row_extra`` findings on an honest log."""
-    declared = _build(ledger_url, signer)[0]
-    appended = build_records_v2(
-        origin=ORIGIN, engine="engine-0", environment=EnvironmentRef(0, declared.leaf_hash),
-        batch_id="ee" * 16, padded_length=ROWS, padding_side="left",
-        generation={"max_new_tokens": 24, "temperature": 0}, timings_ms={"forward": 1.0},
-        rows=[_facts(row) for row in range(ROWS)])
+    appended = _one_more_batch(_build(ledger_url, signer)[0], "ee" * 16)
     with SqlLedger(ledger_url) as ledger:
         read_size = ledger.tree_head
 
@@ -330,12 +335,7 @@ def test_a_row_forged_below_any_bigint_is_found(stored: str, sqlite_url: str,
     """Found by review: SQLite orders a real below -2**63, so scans from there read
     neither -1e19 nor -inf, and a forged row there passed both commands."""
     _build(sqlite_url, signer)
-    with SqlLedger(sqlite_url) as ledger, ledger.engine.begin() as conn:
-        conn.exec_driver_sql("CREATE TEMP TABLE copied AS SELECT * FROM records "
-                             "WHERE leaf_index = 5")
-        conn.exec_driver_sql(f"UPDATE copied SET leaf_index = {stored}, "
-                             "record_id = 'forged-0000'")
-        conn.exec_driver_sql("INSERT INTO records SELECT * FROM copied")
+    _forge_copy(sqlite_url, 5, f"leaf_index = {stored}, record_id = 'forged-0000'")
     assert [kind for kind, _, _ in _audit_both(sqlite_url, signer)] == ["row_malformed"]
     found = _fsck_ends(sqlite_url, signer)
     assert [(kind, detail) for kind, _, detail in found] == [

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from inference_wrapper.server.problems import CommittedProblem, Problem, invalid
-from ledger.store.receipts import ReceiptStore, StoredReceipt
+from ledger.store.receipts import ReceiptStore, StoredReceipt, is_erased_answer
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +317,11 @@ class Idempotency:
     async def _repeat(self, request: web.Request, tenant: str, key: str, mark: bytes,
                       held: StoredReceipt) -> web.Response:
         if not await self._call(self.store.same_request, tenant, key, held, mark):
+            fresh = await self._call(self.store.get, tenant, key)
+            if fresh is not None and fresh.response is not None \
+                    and is_erased_answer(fresh.response):
+                # Its record was erased since the row was read: 410 to any body.
+                return _stored(fresh.response)
             if held.fingerprint is None:  # its key was rotated: no body can be compared
                 raise invalid(HEADER, "was already used, and its request can no longer "
                               "be compared with this one; use a new key")

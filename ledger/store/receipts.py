@@ -262,6 +262,8 @@ class ReceiptStore:
     def _answer(self, row: Any) -> dict[str, Any] | None:
         if row.response_ct is not None and self.keks is not None:
             try:
+                if row.kek_id is None or row.wrapped_key is None:  # its key was unopenable
+                    raise KeyUnavailableError(row.tenant, "-", "the answer's key is gone")
                 plain = open_receipt(self.keks, row.tenant, row.idempotency_key,
                                      str(row.kek_id), bytes(row.wrapped_key),
                                      bytes(row.response_ct))
@@ -294,6 +296,11 @@ class ReceiptStore:
             conn.execute(update(receipts).where(
                 receipts.c.tenant == tenant, receipts.c.idempotency_key == key)
                 .values(state="done", **self._sealed(tenant, key, answer, claimed)))
+        if answer is not response and claimed.kek_id is not None and self.keks is not None:
+            # Its record was erased while it ran: the erasure re-wrapped its key under a
+            # KEK that lives on, so a backup taken since could still test its body. Mark
+            # that KEK doomed: the tenant's next erasure or rotation destroys it.
+            self.keks.replace(tenant, [str(claimed.kek_id)])
         return True
 
     def _erased(self, conn: Connection, tenant: str,

@@ -67,7 +67,13 @@ from ledger.vault_crypto import (
     seal_content,
     subject_hash,
 )
-from ledger.vault_errors import ContentErasedError, ContentNotRetainedError, LegalHoldError
+from ledger.vault_errors import (
+    ContentErasedError,
+    ContentIntegrityError,
+    ContentNotRetainedError,
+    KeyUnavailableError,
+    LegalHoldError,
+)
 
 log = logging.getLogger("audit_ledger.vault")
 
@@ -716,16 +722,30 @@ class ContentVault:
             select(receipts.c.idempotency_key, receipts.c.kek_id, receipts.c.wrapped_key)
             .where(receipts.c.tenant == tenant, receipts.c.kek_id.in_(doomed),
                    receipts.c.wrapped_key.is_not(None))).all()
-        if answers:
+        rewrapped, unopenable = [], []
+        for key, kek_id, wrapped in answers:
+            try:
+                kek, rewrapped_key = rewrap_under(
+                    self.keks, tenant, receipt_wrap_context(tenant, key), key, str(kek_id),
+                    bytes(wrapped), new_id)
+            except (ContentIntegrityError, KeyUnavailableError):
+                # A receipt whose key opens no more (restored from a backup, or altered)
+                # can be compared and answered with nothing: it loses key and fingerprint
+                # rather than stopping the erasure (0070).
+                unopenable.append(key)
+                continue
+            rewrapped.append({"kek": kek, "wrapped": rewrapped_key, "key": key})
+        if rewrapped:
             conn.execute(
                 update(receipts)
                 .where(receipts.c.tenant == tenant,
                        receipts.c.idempotency_key == bindparam("key"))
                 .values(kek_id=bindparam("kek"), wrapped_key=bindparam("wrapped")),
-                [dict(zip(("kek", "wrapped"), rewrap_under(
-                    self.keks, tenant, receipt_wrap_context(tenant, key), key, str(kek_id),
-                    bytes(wrapped), new_id), strict=True), key=key)
-                 for key, kek_id, wrapped in answers])
+                rewrapped)
+        if unopenable:
+            conn.execute(update(receipts).where(
+                receipts.c.tenant == tenant, receipts.c.idempotency_key.in_(unopenable))
+                .values(kek_id=None, wrapped_key=None, fingerprint=None))
         return sorted(doomed)
 
     # --- key rotation -----------------------------------------------------------------

@@ -302,3 +302,60 @@ def test_a_0062_fingerprint_starting_with_byte_2_still_matches_its_body(
     assert setting.store.complete("bank-a", key, "owner", {"body": {"x": 1}, "headers": {}})
     held = setting.store.get("bank-a", key)
     assert held is not None and setting.store.same_request("bank-a", key, held, mark)
+
+
+def test_a_pending_receipt_whose_key_opens_no_more_does_not_block_erasures(
+        setting: Setting) -> None:
+    """Found by review: erasures re-wrap pending receipts' keys, and one whose key no
+    longer opened (a row restored from a backup taken before an erasure) made every
+    erasure of the tenant fail with KeyUnavailableError, each after logging its leaf."""
+    bob = setting.keep("k0", "other", subject="bob")
+    mark = fingerprint(ROUTE, {"model": "tiny", "prompt": "pending"})
+    assert setting.store.claim("bank-a", "p1", mark, 600.0, "owner") is None
+    restored = _backup_row(setting, "p1")
+    setting.keep("k2", "gone", subject="carol")
+    setting.vault.erase(setting.ledger, "bank-a", subject="carol", requested_by="cli:dpo")
+    with setting.ledger.engine.begin() as conn:  # the row as the old backup had it
+        conn.execute(receipts.update().where(receipts.c.idempotency_key == "p1").values(
+            kek_id=restored["kek_id"], wrapped_key=restored["wrapped_key"]))
+    erasure = setting.vault.erase(setting.ledger, "bank-a", subject="bob",
+                                  requested_by="cli:dpo")
+    assert erasure.records == [bob]
+    assert setting.stored_fingerprint("p1") is None  # nothing left to compare with
+
+
+def test_a_retry_whose_record_is_erased_between_its_read_and_compare_gets_410(
+        setting: Setting) -> None:
+    """Found by review: the row was read, the record erased, and the compare with the
+    stale row said "different body" (422) where the key now answers 410."""
+    record_id = setting.keep("k1", "my PIN is 7236", subject="alice")
+    idempotency = Idempotency(setting.store, timeout_s=5)
+    read = setting.store.claim
+
+    def claim_then_erase(*args: Any) -> Any:
+        held = read(*args)
+        setting.vault.erase(setting.ledger, "bank-a", subject="alice",
+                            requested_by="cli:dpo")
+        return held
+
+    setting.store.claim = claim_then_erase  # type: ignore[method-assign]
+    with pytest.raises(CommittedProblem) as gone:
+        _answer(idempotency, "k1", {"model": "tiny", "prompt": "my PIN is 7236"})
+    assert (gone.value.status, gone.value.record_id) == (410, record_id)
+
+
+def test_the_kek_of_an_answer_stored_as_410_is_doomed(setting: Setting) -> None:
+    """Found by review: a request running while its record was erased had its key
+    re-wrapped under a KEK that lived on, so a backup taken before its answer was stored
+    still gave the prompt; that KEK is now marked for the next erasure or rotation."""
+    mark = fingerprint(ROUTE, {"model": "tiny", "prompt": "my PIN is 7236"})
+    assert setting.store.claim("bank-a", "k1", mark, 600.0, "owner") is None
+    record_id = setting.keep("k2", "my PIN is 7236", subject="alice")
+    setting.keep("k3", "other", subject="bob")
+    setting.vault.erase(setting.ledger, "bank-a", subject="alice", requested_by="cli:dpo")
+    backup = _backup_row(setting, "k1")
+    assert setting.store.complete("bank-a", "k1", "owner", {
+        "body": {"record_id": record_id}, "headers": {"X-Audit-Record-Id": record_id}})
+    assert str(backup["kek_id"]) in setting.vault.keks.doomed("bank-a")
+    setting.vault.rotate("bank-a")  # the next rotation (or erasure) destroys it
+    assert _guess_pin_with_the_key_store(setting, backup) is None
